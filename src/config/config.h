@@ -1,0 +1,89 @@
+/* config: the resolved run configuration, read MaxText-style from configs/base.yml,
+ * the model preset configs/models/<model_name>.yml and key=value overrides, in that
+ * order of precedence. One table of keys (config_keys.def) drives parsing, validation,
+ * --help, the printed resolved config and "did you mean" suggestions. */
+#ifndef STEPSCOPE_CONFIG_H
+#define STEPSCOPE_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum { CONFIG_STR_MAX = 512 };
+
+/* Exit code for every configuration error, as the issue tracker asks (MaxText uses 2 too). */
+enum { CONFIG_EXIT_CODE = 2 };
+
+typedef enum { DTYPE_FLOAT32 = 0, DTYPE_BFLOAT16 = 1 } dtype_t;
+
+typedef struct config {
+    /* run */
+    char model_name[CONFIG_STR_MAX];
+    bool override_model_config;
+    char run_name[CONFIG_STR_MAX];
+    char base_output_directory[CONFIG_STR_MAX];
+    int64_t steps;
+    int64_t per_device_batch_size;
+    int64_t max_target_length;
+    /* model shape */
+    int64_t vocab_size;
+    int64_t base_emb_dim;
+    int64_t base_mlp_dim;
+    int64_t base_num_decoder_layers;
+    int64_t base_num_query_heads;
+    int64_t base_num_kv_heads;
+    int64_t head_dim;
+    double rope_max_timescale;
+    double normalization_layer_epsilon;
+    bool use_qk_norm;
+    bool logits_via_embedding; /* true: LM head tied to the token embedding */
+    dtype_t dtype;             /* compute dtype of the matmuls */
+    dtype_t weight_dtype;      /* master weights and optimizer state */
+    int64_t init_weights_seed;
+    /* optimizer */
+    double learning_rate;
+    double adam_b1, adam_b2, adam_eps, adam_weight_decay;
+    double gradient_clipping_threshold; /* 0 disables */
+    double z_loss_multiplier;
+    /* data */
+    char dataset_type[CONFIG_STR_MAX]; /* "synthetic" or "tokens" */
+    char dataset_path[CONFIG_STR_MAX];
+    int64_t data_seed;        /* ours: seed of the synthetic batch */
+    int64_t prefetch_depth;   /* ours: batches the data thread may run ahead */
+    int64_t data_delay_ms;    /* ours, for tests: the data thread sleeps this long per batch */
+    /* outputs */
+    bool enable_checkpointing;
+    char load_parameters_path[CONFIG_STR_MAX];
+    char metrics_file[CONFIG_STR_MAX]; /* "" = <base_output_directory>/<run_name>/metrics.jsonl */
+    bool enable_tensorboard;
+    bool abort_on_nan_loss;
+    bool abort_on_inf_loss;
+    /* profiler */
+    char profiler[CONFIG_STR_MAX]; /* "" or "xplane" */
+    int64_t skip_first_n_steps_for_profiler;
+    int64_t profiler_steps;
+    /* machine (ours) */
+    int64_t num_threads;        /* compute threads; 0 = all online CPUs */
+    double device_peak_tflops;  /* 0 = measure with a start-up probe */
+    double memory_limit_gib;    /* 0 = this machine's physical memory */
+    int64_t xent_chunk_tokens;  /* tokens per LM-head/cross-entropy chunk; 0 = choose */
+    char remat_policy[CONFIG_STR_MAX]; /* MaxText values: "none" | "full" */
+} config_t;
+
+/* Fill *cfg from the base YAML file, the preset it (or an override) names, and the
+ * overrides ("key=value" strings). On a user error, writes one line naming the file,
+ * key or value and what would fix it into err and returns CONFIG_EXIT_CODE; 0 on success.
+ * configs_dir: the folder holding models/ (normally the base file's folder).
+ * base_path may be NULL: built-in defaults only, presets read from configs/models/. */
+int config_load(config_t *cfg, const char *base_path, int n_overrides, char *const overrides[],
+                char *err, size_t errlen);
+
+/* Print every key with its resolved value, one "key: value" per line, in table order. */
+void config_print(const config_t *cfg, FILE *out);
+
+/* Print the usage text and one line per key: name, type, default, allowed values, help. */
+void config_print_help(FILE *out);
+
+const char *dtype_name(dtype_t d);
+
+#endif

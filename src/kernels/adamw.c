@@ -1,0 +1,53 @@
+#include "kernels/adamw.h"
+
+#include <math.h>
+
+int64_t adamw_norm_partials(int64_t n) { return (n + ADAMW_NORM_BLOCK - 1) / ADAMW_NORM_BLOCK; }
+
+double adamw_sum_squares(const float *g, int64_t n, double *partials) {
+    int64_t blocks = adamw_norm_partials(n);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t i0 = b * ADAMW_NORM_BLOCK;
+        int64_t i1 = i0 + ADAMW_NORM_BLOCK < n ? i0 + ADAMW_NORM_BLOCK : n;
+        float acc = 0.0f;
+        double total = 0.0;
+        for (int64_t j0 = i0; j0 < i1; j0 += 1024) { /* float partials of 1024 keep it exact enough */
+            int64_t j1 = j0 + 1024 < i1 ? j0 + 1024 : i1;
+            acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t j = j0; j < j1; j++) acc += g[j] * g[j];
+            total += acc;
+        }
+        partials[b] = total;
+    }
+    double sum = 0.0;
+    for (int64_t b = 0; b < blocks; b++) sum += partials[b];
+    return sum;
+}
+
+float adamw_clip_scale(double raw_norm, double clip) {
+    if (clip <= 0.0) return 1.0f;
+    double coef = clip / (raw_norm + 1e-6);
+    return coef < 1.0 ? (float)coef : 1.0f;
+}
+
+void adamw_update(float *p, float *m, float *v, float *g, int64_t n, int64_t step,
+                  float grad_scale, const adamw_hparams_t *h) {
+    const float b1 = h->b1, b2 = h->b2, eps = h->eps;
+    const float bc1 = (float)(1.0 - pow(h->b1, (double)step));
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(h->b2, (double)step));
+    const float step_size = h->lr / bc1;
+    const float decay = 1.0f - h->lr * h->weight_decay;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i] * grad_scale;
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = p[i] * decay - step_size * mi / denom;
+        g[i] = 0.0f;
+    }
+}

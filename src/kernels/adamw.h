@@ -1,0 +1,30 @@
+/* adamw: global gradient norm, clipping and the AdamW update, as torch.optim.AdamW and
+ * torch.nn.utils.clip_grad_norm_ compute them:
+ *   scale = min(1, clip / (‖g‖ + 1e-6))  (clip > 0; 1 otherwise)
+ *   m = b1·m + (1−b1)·g·scale ;  v = b2·v + (1−b2)·(g·scale)²
+ *   p −= lr·( (m/(1−b1^t)) / (sqrt(v/(1−b2^t)) + eps) + wd·p )
+ * One fused pass reads g, p, m, v and writes p, m, v, and zeroes g for the next step's
+ * accumulation, since the update is bound by memory bandwidth. */
+#ifndef STEPSCOPE_ADAMW_H
+#define STEPSCOPE_ADAMW_H
+
+#include <stdint.h>
+
+typedef struct adamw_hparams {
+    float lr, b1, b2, eps, weight_decay;
+} adamw_hparams_t;
+
+/* Σ g² over n numbers, summed in fixed blocks of ADAMW_NORM_BLOCK so the result does not
+ * depend on the thread count. partials: scratch of adamw_norm_partials(n) doubles. */
+enum { ADAMW_NORM_BLOCK = 1 << 16 };
+int64_t adamw_norm_partials(int64_t n);
+double adamw_sum_squares(const float *g, int64_t n, double *partials);
+
+/* Clip factor torch's clip_grad_norm_ applies for a raw norm (1 when clip <= 0). */
+float adamw_clip_scale(double raw_norm, double clip);
+
+/* p[n], m[n], v[n], g[n]; step is 1-based. g is scaled by grad_scale and zeroed. */
+void adamw_update(float *p, float *m, float *v, float *g, int64_t n, int64_t step,
+                  float grad_scale, const adamw_hparams_t *h);
+
+#endif

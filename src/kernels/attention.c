@@ -1,0 +1,187 @@
+#include "kernels/attention.h"
+
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/microgemm.h"
+#include "kernels/vecmath.h"
+
+/* Scratch: Kᵀ and Vᵀ per (batch, kv head) as [HD, S] so the score GEMMs read B contiguously,
+ * then two [ATTN_QBLOCK, S] strips per thread (probabilities and their gradient). */
+int64_t attention_scratch_floats(const attn_shape_t *a, int num_threads) {
+    int64_t transposed = 2 * a->B * a->KV * a->HD * a->S;
+    int64_t strips = (int64_t)num_threads * 2 * ATTN_QBLOCK * a->S;
+    return transposed + strips;
+}
+
+static float *kt_of(float *scratch, const attn_shape_t *a, int64_t b, int64_t kvh) {
+    return scratch + (b * a->KV + kvh) * a->HD * a->S;
+}
+static float *vt_of(float *scratch, const attn_shape_t *a, int64_t b, int64_t kvh) {
+    return scratch + a->B * a->KV * a->HD * a->S + (b * a->KV + kvh) * a->HD * a->S;
+}
+static float *strips_of(float *scratch, const attn_shape_t *a) {
+    return scratch + 2 * a->B * a->KV * a->HD * a->S + (int64_t)omp_get_thread_num() * 2 * ATTN_QBLOCK * a->S;
+}
+
+/* dst[HD, S] = src rows [S, HD] (row stride ld) transposed. */
+static void transpose_head(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD) {
+    for (int64_t s0 = 0; s0 < S; s0 += 16)
+        for (int64_t d = 0; d < HD; d++)
+            for (int64_t s = s0; s < s0 + 16 && s < S; s++) dst[d * S + s] = src[s * ld + d];
+}
+
+static void transpose_kv(float *scratch, const attn_shape_t *a, const float *k, int64_t ld_k,
+                         const float *v, int64_t ld_v, int with_v) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < a->B; b++)
+        for (int64_t kvh = 0; kvh < a->KV; kvh++) {
+            transpose_head(kt_of(scratch, a, b, kvh), k + b * a->S * ld_k + kvh * a->HD, ld_k, a->S, a->HD);
+            if (with_v)
+                transpose_head(vt_of(scratch, a, b, kvh), v + b * a->S * ld_v + kvh * a->HD, ld_v, a->S, a->HD);
+        }
+}
+
+/* Row r of the strip holds scores for query i = i0 + r against keys [0, kend). Turn the
+ * visible part (keys 0..i) into probabilities exp(s − lse) and zero the masked rest.
+ * When lse_out is set, lse is computed here (forward); else read from lse_in (backward). */
+static void softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64_t kend,
+                         float *lse_out, const float *lse_in) {
+    for (int64_t r = 0; r < nq; r++) {
+        float *row = strip + r * ld;
+        int64_t visible = i0 + r + 1;
+        float shift;
+        if (lse_out) {
+            float m = -FLT_MAX;
+            for (int64_t j = 0; j < visible; j++) m = row[j] > m ? row[j] : m;
+            shift = m;
+        } else {
+            shift = lse_in[i0 + r];
+        }
+        double sum = 0.0;
+        int64_t j = 0;
+#if defined(__AVX512F__)
+        const __m512 sh = _mm512_set1_ps(shift);
+        __m512 acc = _mm512_setzero_ps();
+        for (; j + 16 <= visible; j += 16) {
+            __m512 e = exp512_ps(_mm512_sub_ps(_mm512_loadu_ps(row + j), sh));
+            _mm512_storeu_ps(row + j, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        sum = _mm512_reduce_add_ps(acc);
+#endif
+        for (; j < visible; j++) {
+            row[j] = expf(row[j] - shift);
+            sum += row[j];
+        }
+        if (visible < kend) memset(row + visible, 0, (size_t)(kend - visible) * sizeof(float));
+        if (lse_out) {
+            lse_out[i0 + r] = shift + (float)log(sum);
+            float inv = (float)(1.0 / sum);
+            for (j = 0; j < visible; j++) row[j] *= inv;
+        }
+    }
+}
+
+void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
+                       const float *k, int64_t ld_k, const float *v, int64_t ld_v,
+                       const attn_shape_t *a, float *scratch) {
+    const int64_t B = a->B, S = a->S, H = a->H, HD = a->HD, group = a->H / a->KV;
+    const int64_t qblocks = (S + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
+    const float scale = 1.0f / sqrtf((float)HD);
+    transpose_kv(scratch, a, k, ld_k, v, ld_v, 0);
+    /* Later query blocks see more keys: hand them out dynamically, longest first. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * H * qblocks; task++) {
+        int64_t qb = qblocks - 1 - task % qblocks, bh = task / qblocks;
+        int64_t b = bh / H, h = bh % H, kvh = h / group;
+        int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK;
+        int64_t kend = i0 + nq;
+        float *strip = strips_of(scratch, a);
+        const float *qp = q + (b * S + i0) * ld_q + h * HD;
+        microgemm(nq, kend, HD, scale, qp, ld_q, 1, kt_of(scratch, a, b, kvh), S, strip, S, false);
+        softmax_rows(strip, S, i0, nq, kend, lse + (b * H + h) * S, NULL);
+        microgemm(nq, HD, kend, 1.0f, strip, S, 1, v + b * S * ld_v + kvh * HD, ld_v,
+                  out + (b * S + i0) * ld_out + h * HD, ld_out, false);
+    }
+}
+
+void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
+                        const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
+                        const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
+                        const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch) {
+    const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, group = a->H / a->KV;
+    const int64_t qblocks = (S + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
+    const float scale = 1.0f / sqrtf((float)HD);
+    transpose_kv(scratch, a, k, ld_k, v, ld_v, 1);
+    /* One task per (batch, kv head): it alone writes that head's dk and dv, summing over its
+     * query heads and blocks in a fixed order, so no atomics and the same bits for any
+     * thread count. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * KV; task++) {
+        int64_t b = task / KV, kvh = task % KV;
+        float *p = strips_of(scratch, a), *dp = p + ATTN_QBLOCK * S;
+        float *dkp = dk + b * S * ld_dk + kvh * HD, *dvp = dv + b * S * ld_dv + kvh * HD;
+        for (int64_t s = 0; s < S; s++) {
+            memset(dkp + s * ld_dk, 0, (size_t)HD * sizeof(float));
+            memset(dvp + s * ld_dv, 0, (size_t)HD * sizeof(float));
+        }
+        const float *kp = k + b * S * ld_k + kvh * HD;
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+            const float *row_lse = lse + (b * H + h) * S;
+            for (int64_t qb = 0; qb < qblocks; qb++) {
+                int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK;
+                int64_t kend = i0 + nq;
+                const float *qp = q + (b * S + i0) * ld_q + h * HD;
+                const float *dop = dout + (b * S + i0) * ld_dout + h * HD;
+                const float *op = out + (b * S + i0) * ld_out + h * HD;
+                microgemm(nq, kend, HD, scale, qp, ld_q, 1, kt_of(scratch, a, b, kvh), S, p, S, false);
+                softmax_rows(p, S, i0, nq, kend, NULL, row_lse);
+                microgemm(nq, kend, HD, 1.0f, dop, ld_dout, 1, vt_of(scratch, a, b, kvh), S, dp, S, false);
+                for (int64_t r = 0; r < nq; r++) {
+                    float di = 0.0f; /* Σ dO·O = Σ_j P·dP for this row */
+                    for (int64_t d = 0; d < HD; d++) di += dop[r * ld_dout + d] * op[r * ld_out + d];
+                    float *prow = p + r * S, *dprow = dp + r * S;
+#pragma omp simd
+                    for (int64_t j = 0; j < kend; j++) dprow[j] = prow[j] * (dprow[j] - di);
+                }
+                microgemm(nq, HD, kend, scale, dp, S, 1, kp, ld_k, dq + (b * S + i0) * ld_dq + h * HD, ld_dq, false);
+                microgemm(kend, HD, nq, scale, dp, 1, S, qp, ld_q, dkp, ld_dk, true);
+                microgemm(kend, HD, nq, 1.0f, p, 1, S, dop, ld_dout, dvp, ld_dv, true);
+            }
+        }
+    }
+}
+
+void attention_forward_naive(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
+                             const float *k, int64_t ld_k, const float *v, int64_t ld_v,
+                             const attn_shape_t *a) {
+    const int64_t S = a->S, HD = a->HD, group = a->H / a->KV;
+    double *w = malloc((size_t)S * sizeof(double));
+    for (int64_t b = 0; b < a->B; b++)
+        for (int64_t h = 0; h < a->H; h++)
+            for (int64_t i = 0; i < S; i++) {
+                const float *qi = q + (b * S + i) * ld_q + h * HD;
+                double m = -INFINITY, sum = 0.0;
+                for (int64_t j = 0; j <= i; j++) {
+                    const float *kj = k + (b * S + j) * ld_k + (h / group) * HD;
+                    double s = 0.0;
+                    for (int64_t d = 0; d < HD; d++) s += (double)qi[d] * kj[d];
+                    w[j] = s / sqrt((double)HD);
+                    m = w[j] > m ? w[j] : m;
+                }
+                for (int64_t j = 0; j <= i; j++) sum += exp(w[j] - m);
+                lse[(b * a->H + h) * S + i] = (float)(m + log(sum));
+                float *o = out + (b * S + i) * ld_out + h * HD;
+                for (int64_t d = 0; d < HD; d++) {
+                    double acc = 0.0;
+                    for (int64_t j = 0; j <= i; j++)
+                        acc += exp(w[j] - m) / sum * v[(b * S + j) * ld_v + (h / group) * HD + d];
+                    o[d] = (float)acc;
+                }
+            }
+    free(w);
+}

@@ -1,0 +1,38 @@
+/* attention: causal grouped-query attention, flash-style. Scores are computed a block of
+ * ATTN_QBLOCK queries at a time against the keys they may see, softmaxed and used at once;
+ * forward saves only the row log-sum-exp (O(S) per head) and backward recomputes the scores
+ * block by block, so no [B, H, S, S] tensor ever exists. Query head h reads kv head
+ * h / (H/KV); scores are scaled by 1/sqrt(HD).
+ *
+ * Layouts (T = B·S, row t = batch t/S, position t%S; each with its own row stride):
+ *   q[T, H·HD], k[T, KV·HD], v[T, KV·HD], out[T, H·HD], lse[B, H, S]. */
+#ifndef STEPSCOPE_ATTENTION_H
+#define STEPSCOPE_ATTENTION_H
+
+#include <stdint.h>
+
+enum { ATTN_QBLOCK = 64 };
+
+typedef struct attn_shape {
+    int64_t B, S, H, KV, HD;
+} attn_shape_t;
+
+/* Floats of scratch the kernels need with num_threads threads. */
+int64_t attention_scratch_floats(const attn_shape_t *a, int num_threads);
+
+void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
+                       const float *k, int64_t ld_k, const float *v, int64_t ld_v,
+                       const attn_shape_t *a, float *scratch);
+
+/* dq, dk, dv are written (not accumulated). dout, out: [T, H·HD]. */
+void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
+                        const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
+                        const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
+                        const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch);
+
+/* Reference with the full score matrix, double accumulation: for tests only. */
+void attention_forward_naive(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
+                             const float *k, int64_t ld_k, const float *v, int64_t ld_v,
+                             const attn_shape_t *a);
+
+#endif

@@ -1,0 +1,16 @@
+/* embed: token embedding lookup and its gradient. */
+#ifndef STEPSCOPE_EMBED_H
+#define STEPSCOPE_EMBED_H
+
+#include <stdint.h>
+
+/* out[T, D] = table[tokens[t], :]; tokens[T] index rows of table[V, D]. Token t of row b is
+ * tokens[b·ld_tokens + s] with T = B·S (the batch rows carry S+1 ids). */
+void embed_forward(float *out, const int32_t *tokens, int64_t ld_tokens, const float *table,
+                   int64_t B, int64_t S, int64_t D);
+/* dtable[V, D] += scatter of dout[T, D] by token id. Columns are split across threads and
+ * tokens summed in order, so repeated ids add up the same way for any thread count. */
+void embed_backward(float *dtable, const float *dout, const int32_t *tokens, int64_t ld_tokens,
+                    int64_t B, int64_t S, int64_t D);
+
+#endif

@@ -1,0 +1,34 @@
+/* gemm: the matrix multiplies of the step, behind one small interface so the library under
+ * it (oneDNN today, cuBLAS for a GPU backend later) stays in one file.
+ *
+ * C[M,N] = op(A)[M,K] · op(B)[K,N]  (or C += ... when accumulate), all row-major fp32:
+ *   op(A) = A [M,K] with leading dim lda, or Aᵀ where A is stored [K,M] (trans_a);
+ *   op(B) = B [K,N] with leading dim ldb, or Bᵀ where B is stored [N,K] (trans_b).
+ * A linear layer y = x·Wᵀ with W stored [out, in] (nn.Linear's layout) is trans_b. */
+#ifndef STEPSCOPE_GEMM_H
+#define STEPSCOPE_GEMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct gemm_ctx gemm_ctx_t;
+
+/* One context per compute thread team; it caches one primitive per distinct shape, so the
+ * first call of a shape pays the library's set-up and later calls do not. NULL on failure. */
+gemm_ctx_t *gemm_create(char *err, size_t errlen);
+void gemm_destroy(gemm_ctx_t *g);
+
+void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+              const float *A, int64_t lda, const float *B, int64_t ldb,
+              float *C, int64_t ldc, bool accumulate);
+
+/* Reference: the same contract in plain loops (float accumulation in double), for tests. */
+void gemm_f32_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                    const float *A, int64_t lda, const float *B, int64_t ldb,
+                    float *C, int64_t ldc, bool accumulate);
+
+/* Number of primitives created so far (tests check that shapes are cached). */
+int gemm_num_primitives(const gemm_ctx_t *g);
+
+#endif

@@ -1,0 +1,171 @@
+/* gemm over oneDNN 2.x's matmul primitive. Every oneDNN call of the project lives here:
+ * the 2.x C API (dnnl_matmul_desc_init, memory descs by strides) changed in 3.x. */
+#include "kernels/gemm.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct gemm_entry {
+    bool trans_a, trans_b, accumulate;
+    int64_t M, N, K, lda, ldb, ldc;
+    dnnl_primitive_t prim;
+    dnnl_memory_t mem_a, mem_b, mem_c;
+} gemm_entry_t;
+
+struct gemm_ctx {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    gemm_entry_t *entries;
+    int num_entries, cap_entries;
+    int last_hit;
+};
+
+gemm_ctx_t *gemm_create(char *err, size_t errlen) {
+    gemm_ctx_t *g = calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(err, errlen, "out of memory creating the GEMM context");
+        return NULL;
+    }
+    if (dnnl_engine_create(&g->engine, dnnl_cpu, 0) != dnnl_success ||
+        dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags) != dnnl_success) {
+        snprintf(err, errlen, "oneDNN could not create a CPU engine (is libdnnl2 installed?)");
+        free(g);
+        return NULL;
+    }
+    return g;
+}
+
+void gemm_destroy(gemm_ctx_t *g) {
+    if (!g) return;
+    for (int i = 0; i < g->num_entries; i++) {
+        gemm_entry_t *e = &g->entries[i];
+        dnnl_memory_destroy(e->mem_a);
+        dnnl_memory_destroy(e->mem_b);
+        dnnl_memory_destroy(e->mem_c);
+        dnnl_primitive_destroy(e->prim);
+    }
+    free(g->entries);
+    dnnl_stream_destroy(g->stream);
+    dnnl_engine_destroy(g->engine);
+    free(g);
+}
+
+int gemm_num_primitives(const gemm_ctx_t *g) { return g->num_entries; }
+
+static void check(dnnl_status_t s, const char *what) {
+    if (s != dnnl_success) {
+        /* Shapes come from the plan, so a failure here is a bug, not a user error. */
+        fprintf(stderr, "stepscope: internal error: oneDNN %s failed (status %d)\n", what, (int)s);
+        abort();
+    }
+}
+
+static void matrix_desc(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t ld,
+                        bool transposed) {
+    dnnl_dims_t dims = {rows, cols};
+    dnnl_dims_t strides = {ld, 1};
+    if (transposed) { /* stored [cols, rows] */
+        strides[0] = 1;
+        strides[1] = ld;
+    }
+    check(dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_f32, strides), "memory desc");
+}
+
+static gemm_entry_t *create_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
+    if (g->num_entries == g->cap_entries) {
+        int cap = g->cap_entries ? 2 * g->cap_entries : 32;
+        gemm_entry_t *e = realloc(g->entries, (size_t)cap * sizeof *e);
+        if (!e) {
+            fprintf(stderr, "stepscope: out of memory caching GEMM primitives\n");
+            abort();
+        }
+        g->entries = e;
+        g->cap_entries = cap;
+    }
+    gemm_entry_t *e = &g->entries[g->num_entries];
+    *e = *key;
+    dnnl_memory_desc_t a_md, b_md, c_md;
+    matrix_desc(&a_md, key->M, key->K, key->lda, key->trans_a);
+    matrix_desc(&b_md, key->K, key->N, key->ldb, key->trans_b);
+    matrix_desc(&c_md, key->M, key->N, key->ldc, false);
+    dnnl_matmul_desc_t desc;
+    check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md), "matmul desc");
+    dnnl_primitive_attr_t attr;
+    check(dnnl_primitive_attr_create(&attr), "attr");
+    if (key->accumulate) {
+        dnnl_post_ops_t po;
+        check(dnnl_post_ops_create(&po), "post ops");
+        check(dnnl_post_ops_append_sum(po, 1.0f), "sum post op");
+        check(dnnl_primitive_attr_set_post_ops(attr, po), "set post ops");
+        dnnl_post_ops_destroy(po);
+    }
+    dnnl_primitive_desc_t pd;
+    check(dnnl_primitive_desc_create(&pd, &desc, attr, g->engine, NULL), "matmul primitive desc");
+    check(dnnl_primitive_create(&e->prim, pd), "matmul primitive");
+    dnnl_primitive_desc_destroy(pd);
+    dnnl_primitive_attr_destroy(attr);
+    check(dnnl_memory_create(&e->mem_a, &a_md, g->engine, DNNL_MEMORY_NONE), "memory a");
+    check(dnnl_memory_create(&e->mem_b, &b_md, g->engine, DNNL_MEMORY_NONE), "memory b");
+    check(dnnl_memory_create(&e->mem_c, &c_md, g->engine, DNNL_MEMORY_NONE), "memory c");
+    g->num_entries++;
+    return e;
+}
+
+static bool same_shape(const gemm_entry_t *a, const gemm_entry_t *b) {
+    return a->trans_a == b->trans_a && a->trans_b == b->trans_b &&
+           a->accumulate == b->accumulate && a->M == b->M && a->N == b->N && a->K == b->K &&
+           a->lda == b->lda && a->ldb == b->ldb && a->ldc == b->ldc;
+}
+
+static gemm_entry_t *find_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
+    /* Steps call the same shapes in the same order, so try the one after the last hit first. */
+    for (int probe = 0; probe < g->num_entries; probe++) {
+        int i = (g->last_hit + 1 + probe) % g->num_entries;
+        if (same_shape(&g->entries[i], key)) {
+            g->last_hit = i;
+            return &g->entries[i];
+        }
+    }
+    gemm_entry_t *e = create_entry(g, key);
+    g->last_hit = g->num_entries - 1;
+    return e;
+}
+
+void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+              const float *A, int64_t lda, const float *B, int64_t ldb,
+              float *C, int64_t ldc, bool accumulate) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
+        return;
+    }
+    gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate,
+                        .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
+    gemm_entry_t *e = find_entry(g, &key);
+    check(dnnl_memory_set_data_handle(e->mem_a, (void *)A), "set A");
+    check(dnnl_memory_set_data_handle(e->mem_b, (void *)B), "set B");
+    check(dnnl_memory_set_data_handle(e->mem_c, C), "set C");
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, e->mem_a},
+                               {DNNL_ARG_WEIGHTS, e->mem_b},
+                               {DNNL_ARG_DST, e->mem_c}};
+    check(dnnl_primitive_execute(e->prim, g->stream, 3, args), "matmul execute");
+    check(dnnl_stream_wait(g->stream), "stream wait");
+}
+
+void gemm_f32_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                    const float *A, int64_t lda, const float *B, int64_t ldb,
+                    float *C, int64_t ldc, bool accumulate) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double a = trans_a ? A[k * lda + i] : A[i * lda + k];
+                double b = trans_b ? B[j * ldb + k] : B[k * ldb + j];
+                acc += a * b;
+            }
+            C[i * ldc + j] = (float)(accumulate ? C[i * ldc + j] + acc : acc);
+        }
+}

@@ -1,0 +1,23 @@
+/* rmsnorm: y = x / sqrt(mean(x²) + eps) · w over vectors of N numbers. One kernel serves the
+ * layer norms (G = 1, N = D) and Qwen3's per-head q/k norms (G heads of N = HD per row), so
+ * rows are addressed as row t, group g at base + t·ld + g·N. */
+#ifndef STEPSCOPE_RMSNORM_H
+#define STEPSCOPE_RMSNORM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* out[T, G·N] (row stride ld_out), rstd[T·G], inp[T, G·N] (ld_in), weight[N].
+ * out may equal inp (same ld). */
+void rmsnorm_forward(float *out, int64_t ld_out, float *rstd, const float *inp, int64_t ld_in,
+                     const float *weight, int64_t T, int64_t G, int64_t N, float eps);
+
+/* dinp[T, G·N] (ld_dinp): written, or added to when accumulate_dinp (the residual stream);
+ * dweight[N] += Σ over rows; dout[T, G·N] (ld_dout); inp, weight, rstd as in forward.
+ * dinp may equal dout (same ld): dweight is taken before dinp is written. The sums run in
+ * an order that does not depend on the thread count. */
+void rmsnorm_backward(float *dinp, int64_t ld_dinp, bool accumulate_dinp, float *dweight,
+                      const float *dout, int64_t ld_dout, const float *inp, int64_t ld_in,
+                      const float *weight, const float *rstd, int64_t T, int64_t G, int64_t N);
+
+#endif

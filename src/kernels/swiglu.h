@@ -1,0 +1,14 @@
+/* swiglu: h = silu(gate) · up, the Qwen3 MLP's nonlinearity. gate and up sit side by side in
+ * one [T, 2F] buffer because their weights are adjacent in the parameter layout and run as
+ * one GEMM: columns [0, F) are gate, [F, 2F) are up. */
+#ifndef STEPSCOPE_SWIGLU_H
+#define STEPSCOPE_SWIGLU_H
+
+#include <stdint.h>
+
+/* h[T, F], gate_up[T, 2F] */
+void swiglu_forward(float *h, const float *gate_up, int64_t T, int64_t F);
+/* dgate_up[T, 2F] (written), dh[T, F], gate_up[T, 2F] */
+void swiglu_backward(float *dgate_up, const float *dh, const float *gate_up, int64_t T, int64_t F);
+
+#endif

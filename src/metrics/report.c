@@ -1,0 +1,166 @@
+#include "metrics/report.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "metrics/tfevents.h"
+#include "util/atomic_file.h"
+
+struct report {
+    const config_t *cfg;
+    plan_t plan;
+    double peak_tflops;
+    char metrics_path[4 * CONFIG_STR_MAX];
+    char partial_path[4 * CONFIG_STR_MAX + 16];
+    char tb_dir[4 * CONFIG_STR_MAX];
+    FILE *metrics;
+    tfevents_t *tb;
+    double *seconds; /* per logged step */
+    int64_t num_logged, cap;
+};
+
+static int dirname_of(const char *path, char *out, size_t n) {
+    snprintf(out, n, "%s", path);
+    char *slash = strrchr(out, '/');
+    if (!slash) {
+        snprintf(out, n, ".");
+        return 0;
+    }
+    *slash = '\0';
+    return 0;
+}
+
+int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double peak_tflops,
+                char *err, size_t errlen) {
+    report_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(err, errlen, "out of memory");
+        return 1;
+    }
+    r->cfg = cfg;
+    r->plan = *plan;
+    r->peak_tflops = peak_tflops;
+    r->cap = cfg->steps;
+    r->seconds = calloc((size_t)r->cap, sizeof(double));
+    if (cfg->metrics_file[0]) snprintf(r->metrics_path, sizeof r->metrics_path, "%s", cfg->metrics_file);
+    else snprintf(r->metrics_path, sizeof r->metrics_path, "%s/%s/metrics.jsonl", cfg->base_output_directory, cfg->run_name);
+    snprintf(r->partial_path, sizeof r->partial_path, "%s.partial", r->metrics_path);
+    char dir[sizeof r->metrics_path];
+    dirname_of(r->metrics_path, dir, sizeof dir);
+    if (mkdir_p(dir) != 0) {
+        snprintf(err, errlen, "cannot create the folder %s for metrics_file: %s", dir, strerror(errno));
+        free(r->seconds);
+        free(r);
+        return 1;
+    }
+    r->metrics = fopen(r->partial_path, "w");
+    if (!r->metrics) {
+        snprintf(err, errlen, "cannot write %s: %s; check base_output_directory", r->partial_path, strerror(errno));
+        free(r->seconds);
+        free(r);
+        return 1;
+    }
+    if (cfg->enable_tensorboard) {
+        snprintf(r->tb_dir, sizeof r->tb_dir, "%s/%s/tensorboard/%s", cfg->base_output_directory, cfg->run_name, cfg->run_name);
+        if (tfevents_open(&r->tb, r->tb_dir, err, errlen) != 0) {
+            fclose(r->metrics);
+            unlink(r->partial_path);
+            free(r->seconds);
+            free(r);
+            return 1;
+        }
+    }
+    *out = r;
+    return 0;
+}
+
+int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen) {
+    double tflops = r->plan.tflops_per_device;
+    double tokens = (double)r->plan.tokens_per_device;
+    double tflops_s = tflops / rec->seconds, tokens_s = tokens / rec->seconds;
+    double mfu = r->peak_tflops > 0 ? 100.0 * tflops_s / r->peak_tflops : 0.0;
+    printf("completed step: %lld, seconds: %.3f, TFLOP/s/device: %.3f, Tokens/s/device: %.3f, MFU: %.2f%%, "
+           "total_weights: %lld, loss: %.4f\n",
+           (long long)rec->step, rec->seconds, tflops_s, tokens_s, mfu, (long long)r->plan.tokens_per_device * r->plan.num_ranks,
+           rec->loss);
+    fflush(stdout);
+    fprintf(r->metrics,
+            "{\"step\": %lld, \"run_name\": \"%s\", \"learning/loss\": %.8g, \"learning/grad_norm\": %.8g, "
+            "\"learning/raw_grad_norm\": %.8g, \"learning/current_learning_rate\": %.8g, "
+            "\"learning/total_weights\": %lld, \"perf/step_time_seconds\": %.6f, \"perf/per_device_tflops\": %.6f, "
+            "\"perf/per_device_tflops_per_sec\": %.6f, \"perf/per_device_tokens\": %lld, "
+            "\"perf/per_device_tokens_per_sec\": %.4f, \"perf/mfu\": %.6f, \"perf/data_wait_seconds\": %.6f}\n",
+            (long long)rec->step, r->cfg->run_name, rec->loss, rec->grad_norm, rec->raw_grad_norm, r->cfg->learning_rate,
+            (long long)r->plan.tokens_per_device * r->plan.num_ranks, rec->seconds, tflops, tflops_s,
+            (long long)r->plan.tokens_per_device, tokens_s, mfu / 100.0, rec->data_wait_seconds);
+    if (fflush(r->metrics) != 0 || ferror(r->metrics)) {
+        snprintf(err, errlen, "writing %s failed: %s (disk full?)", r->partial_path, strerror(errno));
+        return 1;
+    }
+    if (r->tb) {
+        const char *tags[] = {"learning/loss", "learning/grad_norm", "learning/raw_grad_norm",
+                              "learning/current_learning_rate", "perf/step_time_seconds", "perf/per_device_tflops",
+                              "perf/per_device_tflops_per_sec", "perf/per_device_tokens",
+                              "perf/per_device_tokens_per_sec", "perf/mfu", "perf/data_wait_seconds"};
+        float values[] = {(float)rec->loss, (float)rec->grad_norm, (float)rec->raw_grad_norm, (float)r->cfg->learning_rate,
+                          (float)rec->seconds, (float)tflops, (float)tflops_s, (float)tokens, (float)tokens_s,
+                          (float)(mfu / 100.0), (float)rec->data_wait_seconds};
+        if (tfevents_write_scalars(r->tb, rec->step, tfevents_wall_time(), sizeof values / sizeof values[0], tags, values) != 0) {
+            snprintf(err, errlen, "writing TensorBoard events failed: %s", tfevents_error(r->tb));
+            return 1;
+        }
+    }
+    if (r->num_logged < r->cap) r->seconds[r->num_logged++] = rec->seconds;
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void report_summary(const report_t *r, FILE *out) {
+    int64_t n = r->num_logged - 1; /* step 0 pays one-time costs: left out */
+    if (n < 1) {
+        fprintf(out, "summary: only %lld step(s) logged; run steps >= 2 for a summary without step 0\n", (long long)r->num_logged);
+        return;
+    }
+    double *s = malloc((size_t)n * sizeof(double));
+    memcpy(s, r->seconds + 1, (size_t)n * sizeof(double));
+    qsort(s, (size_t)n, sizeof(double), cmp_double);
+    double median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    double tflops_s = r->plan.tflops_per_device / median;
+    fprintf(out, "summary over steps 1..%lld (%lld steps; step 0 left out):\n", (long long)n, (long long)n);
+    fprintf(out, "  step time     median %.3f s, min %.3f s, max %.3f s\n", median, s[0], s[n - 1]);
+    fprintf(out, "  tokens/s/device %.1f (at the median)\n", (double)r->plan.tokens_per_device / median);
+    fprintf(out, "  TFLOP/s/device  %.4f (%.4f TFLOP per step, MaxText's count)\n", tflops_s, r->plan.tflops_per_device);
+    if (r->peak_tflops > 0)
+        fprintf(out, "  MFU             %.2f%% of %.4f TFLOP/s\n", 100.0 * tflops_s / r->peak_tflops, r->peak_tflops);
+    free(s);
+}
+
+int report_close(report_t *r, char *err, size_t errlen) {
+    int rc = 0;
+    if (r->tb && tfevents_close(r->tb) != 0) {
+        snprintf(err, errlen, "closing the TensorBoard event file failed");
+        rc = 1;
+    }
+    if (r->metrics) {
+        bool ok = fflush(r->metrics) == 0 && fsync(fileno(r->metrics)) == 0;
+        ok = (fclose(r->metrics) == 0) && ok;
+        if (!ok || rename(r->partial_path, r->metrics_path) != 0) {
+            if (!rc) snprintf(err, errlen, "could not finish %s: %s", r->metrics_path, strerror(errno));
+            unlink(r->partial_path);
+            rc = 1;
+        }
+    }
+    free(r->seconds);
+    free(r);
+    return rc;
+}
+
+const char *report_metrics_path(const report_t *r) { return r->metrics_path; }
+const char *report_tensorboard_dir(const report_t *r) { return r->tb ? r->tb_dir : NULL; }

@@ -1,0 +1,37 @@
+/* report: what a run tells its user, step by step and at the end: MaxText's console line,
+ * metrics.jsonl (MaxText's tags as keys) and TensorBoard scalars, all written by the host
+ * thread, never by the compute thread. Only measured numbers are reported. */
+#ifndef STEPSCOPE_REPORT_H
+#define STEPSCOPE_REPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config/config.h"
+#include "plan/plan.h"
+
+typedef struct step_record {
+    int64_t step;
+    double loss, raw_grad_norm, grad_norm;
+    double seconds;       /* completion of step − completion of the step before */
+    double data_wait_seconds;
+} step_record_t;
+
+typedef struct report report_t;
+
+/* Open the metrics file (written as <path>.partial, renamed whole at report_close) and, when
+ * enabled, the TensorBoard event file. */
+int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double peak_tflops,
+                char *err, size_t errlen);
+/* Console line, JSON line and scalars for one completed step. */
+int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen);
+/* Median, min and max step time (step 0 left out), tokens/s/device, TFLOP/s/device, MFU. */
+void report_summary(const report_t *r, FILE *out);
+/* Finish the files (rename the metrics file into place). Frees r. */
+int report_close(report_t *r, char *err, size_t errlen);
+/* Paths written, for the closing lines. */
+const char *report_metrics_path(const report_t *r);
+const char *report_tensorboard_dir(const report_t *r);
+
+#endif

@@ -1,0 +1,401 @@
+/* qwen3: forward, loss and backward of the decoder, as calls into the kernels. Forward names
+ * each activation it saves; backward walks them in reverse. Parameters' gradients accumulate
+ * (+=); activation gradients are written (=), so nothing activation-sized is zeroed per step. */
+#include "model/qwen3.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/attention.h"
+#include "kernels/embed.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#include "kernels/xent.h"
+
+/* What one layer's forward saves for its backward. x (the layer input) lives in the residual
+ * stream buffer; everything here is per layer (remat none) or shared (remat full). */
+typedef struct layer_acts {
+    float *qkv;     /* [T, (H+2KV)·HD]  q, k, v projections before norm and rope */
+    float *qk;      /* [T, (H+KV)·HD]   q and k after qk-norm and rope: attention's inputs */
+    float *attn;    /* [T, H·HD]        attention output (o_proj input) */
+    float *x2;      /* [T, D]           residual after attention */
+    float *gate_up; /* [T, 2F]          gate and up projections */
+    float *rstd1;   /* [T]              input norm statistics */
+    float *rstd2;   /* [T]              post-attention norm statistics */
+    float *qk_rstd; /* [T·(H+KV)]       q-norm then k-norm statistics */
+    float *lse;     /* [B, H, S]        attention row log-sum-exp */
+} layer_acts_t;
+
+static int64_t layer_acts_floats(const qwen3_dims_t *d) {
+    int64_t T = d->B * d->S;
+    return T * (d->H + 2 * d->KV) * d->HD + T * (d->H + d->KV) * d->HD + T * d->H * d->HD +
+           T * d->D + T * 2 * d->F + T + T + T * (d->H + d->KV) + d->B * d->H * d->S;
+}
+
+static float *carve(float **cursor, int64_t n) {
+    float *p = *cursor;
+    *cursor += n;
+    return p;
+}
+
+static void layer_acts_bind(layer_acts_t *a, const qwen3_dims_t *d, float *base) {
+    int64_t T = d->B * d->S;
+    float *c = base;
+    a->qkv = carve(&c, T * (d->H + 2 * d->KV) * d->HD);
+    a->qk = carve(&c, T * (d->H + d->KV) * d->HD);
+    a->attn = carve(&c, T * d->H * d->HD);
+    a->x2 = carve(&c, T * d->D);
+    a->gate_up = carve(&c, T * 2 * d->F);
+    a->rstd1 = carve(&c, T);
+    a->rstd2 = carve(&c, T);
+    a->qk_rstd = carve(&c, T * (d->H + d->KV));
+    a->lse = carve(&c, d->B * d->H * d->S);
+}
+
+int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, bool remat_full) {
+    int64_t T = d->B * d->S;
+    int64_t stream = (d->L + 1) * T * d->D; /* every layer's input, and the final one */
+    return stream + (remat_full ? 1 : d->L) * layer_acts_floats(d);
+}
+
+int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d) {
+    int64_t T = d->B * d->S;
+    int64_t chunk = (64LL << 20) / (int64_t)sizeof(float) / d->V;
+    if (chunk < 16) chunk = 16;
+    return chunk < T ? chunk : T;
+}
+
+/* Scratch, reused by every layer: see the bind in qwen3_create. */
+typedef struct scratch {
+    float *ln;       /* [T, D]       a norm's output (recomputed in backward); final norm output */
+    float *h;        /* [T, F]       swiglu output; then its gradient */
+    float *dres;     /* [T, D]       gradient of the residual stream */
+    float *dln;      /* [T, D]       gradient of a norm's output */
+    float *dgate_up; /* [T, 2F] */
+    float *dattn;    /* [T, H·HD] */
+    float *dqkv;     /* [T, (H+2KV)·HD] */
+    float *rstd_final; /* [T] */
+    float *logits;   /* [chunk, V]   one chunk of logits, then its gradient */
+    float *row_loss, *row_lse; /* [chunk] */
+    int32_t *targets; /* [chunk] */
+    float *rope_cos, *rope_sin; /* [S, HD/2] */
+    float *attention; /* attention_scratch_floats */
+} scratch_t;
+
+int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk) {
+    int64_t T = d->B * d->S;
+    attn_shape_t a = {d->B, d->S, d->H, d->KV, d->HD};
+    return 3 * T * d->D + T * d->F + T * 2 * d->F + T * d->H * d->HD + T * (d->H + 2 * d->KV) * d->HD +
+           T + xent_chunk * d->V + 3 * xent_chunk + d->S * d->HD + attention_scratch_floats(&a, num_threads) +
+           T * d->D;
+}
+
+static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, int64_t chunk, float *base) {
+    int64_t T = d->B * d->S;
+    attn_shape_t a = {d->B, d->S, d->H, d->KV, d->HD};
+    float *c = base;
+    s->ln = carve(&c, T * d->D);
+    s->h = carve(&c, T * d->F);
+    s->dres = carve(&c, T * d->D);
+    s->dln = carve(&c, T * d->D);
+    s->dgate_up = carve(&c, T * 2 * d->F);
+    s->dattn = carve(&c, T * d->H * d->HD);
+    s->dqkv = carve(&c, T * (d->H + 2 * d->KV) * d->HD);
+    s->rstd_final = carve(&c, T);
+    s->logits = carve(&c, chunk * d->V);
+    s->row_loss = carve(&c, chunk);
+    s->row_lse = carve(&c, chunk);
+    s->targets = (int32_t *)carve(&c, chunk);
+    s->rope_cos = carve(&c, d->S * d->HD / 2);
+    s->rope_sin = carve(&c, d->S * d->HD / 2);
+    s->attention = carve(&c, attention_scratch_floats(&a, num_threads));
+}
+
+/* Span names, interned once so the hot path passes integers. */
+enum op {
+    OP_EMBED, OP_NORM, OP_QKV, OP_QK_NORM, OP_ROPE, OP_ATTN, OP_O_PROJ, OP_GATE_UP, OP_SWIGLU,
+    OP_DOWN, OP_FINAL_NORM, OP_LM_HEAD, OP_XENT, OP_RESIDUAL,
+    OP_COUNT
+};
+typedef struct op_names {
+    uint32_t fwd[OP_COUNT], bwd[OP_COUNT], wgrad[OP_COUNT];
+    uint32_t forward, backward, *layer_fwd, *layer_bwd;
+} op_names_t;
+
+struct qwen3_model {
+    qwen3_dims_t d;
+    qwen3_options_t opt;
+    qwen3_params_t w, dw;
+    float *stream;        /* [L+1, T, D]: the input of every layer, then the final residual */
+    float *acts_base;
+    layer_acts_t *acts;   /* [L], or [1] under full remat */
+    scratch_t s;
+    gemm_ctx_t *gemm;
+    trace_t *trace;
+    op_names_t names;
+    const int32_t *tokens;
+};
+
+static float *layer_input(qwen3_model_t *m, int64_t l) { return m->stream + l * m->d.B * m->d.S * m->d.D; }
+static layer_acts_t *acts_of(qwen3_model_t *m, int64_t l) { return &m->acts[m->opt.remat_full ? 0 : l]; }
+
+/* ---- tracing helpers: one span per kernel call, FLOPs carried by matmuls ---- */
+#define SPAN(m, name_id, flops, call)                                                           \
+    do {                                                                                        \
+        int64_t span_start_ = trace_begin((m)->trace);                                          \
+        call;                                                                                   \
+        trace_end((m)->trace, 0, (name_id), span_start_, (flops));                              \
+    } while (0)
+
+static void intern_names(qwen3_model_t *m) {
+    static const struct { const char *name; trace_category_t cat; const char *part; } ops[OP_COUNT] = {
+        [OP_EMBED] = {"embed", TRACE_CAT_EMBED, "embed"},
+        [OP_NORM] = {"rmsnorm", TRACE_CAT_NORM, "norms"},
+        [OP_QKV] = {"matmul qkv_proj", TRACE_CAT_MATMUL, "attention"},
+        [OP_QK_NORM] = {"qk_norm", TRACE_CAT_NORM, "attention"},
+        [OP_ROPE] = {"rope", TRACE_CAT_ROPE, "attention"},
+        [OP_ATTN] = {"flash_attention", TRACE_CAT_ATTENTION, "attention"},
+        [OP_O_PROJ] = {"matmul o_proj", TRACE_CAT_MATMUL, "attention"},
+        [OP_GATE_UP] = {"matmul gate_up_proj", TRACE_CAT_MATMUL, "mlp"},
+        [OP_SWIGLU] = {"swiglu", TRACE_CAT_SWIGLU, "mlp"},
+        [OP_DOWN] = {"matmul down_proj", TRACE_CAT_MATMUL, "mlp"},
+        [OP_FINAL_NORM] = {"final_rmsnorm", TRACE_CAT_NORM, "norms"},
+        [OP_LM_HEAD] = {"matmul lm_head", TRACE_CAT_MATMUL, "lm_head"},
+        [OP_XENT] = {"cross_entropy", TRACE_CAT_XENT, "lm_head"},
+        [OP_RESIDUAL] = {"residual_copy", TRACE_CAT_ELEMENTWISE, "norms"},
+    };
+    trace_t *t = m->trace;
+    const qwen3_dims_t *d = &m->d;
+    int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD;
+    /* Matmul names carry their shape (M×N×K) so a profile reads without the source. */
+    int64_t shapes[OP_COUNT][3] = {
+        [OP_QKV] = {T, QKV, d->D}, [OP_O_PROJ] = {T, d->D, d->H * d->HD},
+        [OP_GATE_UP] = {T, 2 * d->F, d->D}, [OP_DOWN] = {T, d->D, d->F},
+        [OP_LM_HEAD] = {m->opt.xent_chunk, d->V, d->D},
+    };
+    char buf[128];
+    for (int op = 0; op < OP_COUNT; op++) {
+        bool mm = ops[op].cat == TRACE_CAT_MATMUL;
+        const char *kinds[3] = {"fwd", "dgrad", "wgrad"};
+        uint32_t *dst[3] = {&m->names.fwd[op], &m->names.bwd[op], &m->names.wgrad[op]};
+        for (int k = 0; k < 3; k++) {
+            if (mm) snprintf(buf, sizeof buf, "%s %s [%lldx%lldx%lld]", ops[op].name, kinds[k],
+                             (long long)shapes[op][0], (long long)shapes[op][1], (long long)shapes[op][2]);
+            else snprintf(buf, sizeof buf, "%s %s", ops[op].name, k == 0 ? "fwd" : "bwd");
+            *dst[k] = trace_intern(t, buf, ops[op].cat, ops[op].part);
+        }
+    }
+    m->names.forward = trace_intern(t, "forward", TRACE_CAT_PHASE, NULL);
+    m->names.backward = trace_intern(t, "backward", TRACE_CAT_PHASE, NULL);
+    for (int64_t l = 0; l < d->L; l++) {
+        snprintf(buf, sizeof buf, "layer %lld fwd", (long long)l);
+        m->names.layer_fwd[l] = trace_intern(t, buf, TRACE_CAT_LAYER, NULL);
+        snprintf(buf, sizeof buf, "layer %lld bwd", (long long)l);
+        m->names.layer_bwd[l] = trace_intern(t, buf, TRACE_CAT_LAYER, NULL);
+    }
+}
+
+qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, float *params,
+                            float *grads, float *acts, float *scratch, gemm_ctx_t *gemm,
+                            char *err, size_t errlen) {
+    qwen3_model_t *m = calloc(1, sizeof *m);
+    int64_t nacts = opt->remat_full ? 1 : d->L;
+    if (!m || !(m->acts = calloc((size_t)nacts, sizeof *m->acts)) ||
+        !(m->names.layer_fwd = calloc((size_t)d->L, sizeof(uint32_t))) ||
+        !(m->names.layer_bwd = calloc((size_t)d->L, sizeof(uint32_t))) ||
+        qwen3_params_view(&m->w, d, params) != 0 || qwen3_params_view(&m->dw, d, grads) != 0) {
+        snprintf(err, errlen, "out of memory creating the model");
+        qwen3_destroy(m);
+        return NULL;
+    }
+    m->d = *d;
+    m->opt = *opt;
+    m->gemm = gemm;
+    m->trace = opt->trace;
+    int64_t T = d->B * d->S;
+    m->stream = acts;
+    m->acts_base = acts + (d->L + 1) * T * d->D;
+    for (int64_t l = 0; l < nacts; l++) layer_acts_bind(&m->acts[l], d, m->acts_base + l * layer_acts_floats(d));
+    scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, scratch);
+    rope_tables(m->s.rope_cos, m->s.rope_sin, d->S, d->HD, d->rope_theta);
+    if (m->trace) intern_names(m);
+    return m;
+}
+
+void qwen3_destroy(qwen3_model_t *m) {
+    if (!m) return;
+    qwen3_params_free(&m->w);
+    qwen3_params_free(&m->dw);
+    free(m->acts);
+    free(m->names.layer_fwd);
+    free(m->names.layer_bwd);
+    free(m);
+}
+
+/* ---- linear layers: y = x·Wᵀ with W [out, in] ---- */
+static double linear_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * (double)M * (double)N * (double)K; }
+
+static void linear_fwd(qwen3_model_t *m, int op, float *y, const float *x, const float *W,
+                       int64_t T, int64_t out, int64_t in, bool accumulate) {
+    SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
+         gemm_f32(m->gemm, false, true, T, out, in, x, in, W, in, y, out, accumulate));
+}
+
+/* dx = dy·W (written) and dW += dyᵀ·x */
+static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy,
+                       const float *x, const float *W, int64_t T, int64_t out, int64_t in) {
+    SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
+         gemm_f32(m->gemm, true, false, out, in, T, dy, out, x, in, dW, in, true));
+    SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
+         gemm_f32(m->gemm, false, false, T, in, out, dy, out, W, in, dx, in, false));
+}
+
+static attn_shape_t attn_shape(const qwen3_dims_t *d) { return (attn_shape_t){d->B, d->S, d->H, d->KV, d->HD}; }
+
+static double attention_flops(const qwen3_dims_t *d, double passes) {
+    /* Causal: half of the S² scores; 2 matmuls of 2·HD flops per score and head. */
+    return passes * 2.0 * 2.0 * (double)d->B * (double)d->S * (double)d->S * (double)d->H * (double)d->HD / 2.0;
+}
+
+static void copy_rows(qwen3_model_t *m, float *dst, const float *src, int64_t n) {
+    SPAN(m, m->names.fwd[OP_RESIDUAL], 0, memcpy(dst, src, (size_t)n * sizeof(float)));
+}
+
+/* Norm the input, project q/k/v, qk-norm and rope q and k: fills a->qkv, a->qk, a->rstd1, and
+ * leaves the normed input in s.ln (what the qkv weight gradient needs). */
+static void attention_inputs(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_acts_t *a, const float *x) {
+    const qwen3_dims_t *d = &m->d;
+    int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, QK = (d->H + d->KV) * d->HD;
+    SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(m->s.ln, d->D, a->rstd1, x, d->D, w->input_norm, T, 1, d->D, (float)d->eps));
+    linear_fwd(m, OP_QKV, a->qkv, m->s.ln, w->q_proj, T, QKV, d->D, false);
+    if (d->qk_norm) {
+        SPAN(m, m->names.fwd[OP_QK_NORM], 0, {
+            rmsnorm_forward(a->qk, QK, a->qk_rstd, a->qkv, QKV, w->q_norm, T, d->H, d->HD, (float)d->eps);
+            rmsnorm_forward(a->qk + d->H * d->HD, QK, a->qk_rstd + T * d->H, a->qkv + d->H * d->HD, QKV,
+                            w->k_norm, T, d->KV, d->HD, (float)d->eps);
+        });
+    } else {
+        for (int64_t t = 0; t < T; t++) memcpy(a->qk + t * QK, a->qkv + t * QKV, (size_t)QK * sizeof(float));
+    }
+    SPAN(m, m->names.fwd[OP_ROPE], 0, rope_forward(a->qk, QK, m->s.rope_cos, m->s.rope_sin, d->B, d->S, d->H + d->KV, d->HD));
+}
+
+static void layer_forward(qwen3_model_t *m, int64_t l, const float *x, float *x_out) {
+    const qwen3_dims_t *d = &m->d;
+    const qwen3_layer_params_t *w = &m->w.layers[l];
+    layer_acts_t *a = acts_of(m, l);
+    int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, QK = (d->H + d->KV) * d->HD;
+    attn_shape_t as = attn_shape(d);
+    attention_inputs(m, w, a, x);
+    SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
+         attention_forward(a->attn, d->H * d->HD, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
+                           a->qkv + (d->H + d->KV) * d->HD, QKV, &as, m->s.attention));
+    copy_rows(m, a->x2, x, T * d->D);
+    linear_fwd(m, OP_O_PROJ, a->x2, a->attn, w->o_proj, T, d->D, d->H * d->HD, true);
+    SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(m->s.ln, d->D, a->rstd2, a->x2, d->D, w->post_norm, T, 1, d->D, (float)d->eps));
+    linear_fwd(m, OP_GATE_UP, a->gate_up, m->s.ln, w->gate_proj, T, 2 * d->F, d->D, false);
+    SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(m->s.h, a->gate_up, T, d->F));
+    copy_rows(m, x_out, a->x2, T * d->D);
+    linear_fwd(m, OP_DOWN, x_out, m->s.h, w->down_proj, T, d->D, d->F, true);
+}
+
+/* On entry s.dres holds dL/d(layer output); on exit dL/d(layer input). */
+static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
+    const qwen3_dims_t *d = &m->d;
+    const qwen3_layer_params_t *w = &m->w.layers[l];
+    qwen3_layer_params_t *dw = &m->dw.layers[l];
+    layer_acts_t *a = acts_of(m, l);
+    scratch_t *s = &m->s;
+    int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, QK = (d->H + d->KV) * d->HD, HHD = d->H * d->HD;
+    attn_shape_t as = attn_shape(d);
+    float eps = (float)d->eps;
+    /* MLP: recompute its normed input and the swiglu output rather than saving them. */
+    SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(s->ln, d->D, a->rstd2, a->x2, d->D, w->post_norm, T, 1, d->D, eps));
+    SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(s->h, a->gate_up, T, d->F));
+    linear_bwd(m, OP_DOWN, s->h, dw->down_proj, s->dres, s->h, w->down_proj, T, d->D, d->F);
+    SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward(s->dgate_up, s->h, a->gate_up, T, d->F));
+    linear_bwd(m, OP_GATE_UP, s->dln, dw->gate_proj, s->dgate_up, s->ln, w->gate_proj, T, 2 * d->F, d->D);
+    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->post_norm, s->dln, d->D, a->x2, d->D, w->post_norm, a->rstd2, T, 1, d->D));
+    /* Attention. */
+    linear_bwd(m, OP_O_PROJ, s->dattn, dw->o_proj, s->dres, a->attn, w->o_proj, T, d->D, HHD);
+    SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
+         attention_backward(s->dqkv, QKV, s->dqkv + HHD, QKV, s->dqkv + QK, QKV, s->dattn, HHD, a->attn, HHD,
+                            a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, QKV, &as, s->attention));
+    SPAN(m, m->names.bwd[OP_ROPE], 0, rope_backward(s->dqkv, QKV, s->rope_cos, s->rope_sin, d->B, d->S, d->H + d->KV, d->HD));
+    if (d->qk_norm) {
+        SPAN(m, m->names.bwd[OP_QK_NORM], 0, {
+            rmsnorm_backward(s->dqkv, QKV, false, dw->q_norm, s->dqkv, QKV, a->qkv, QKV, w->q_norm, a->qk_rstd, T, d->H, d->HD);
+            rmsnorm_backward(s->dqkv + HHD, QKV, false, dw->k_norm, s->dqkv + HHD, QKV, a->qkv + HHD, QKV, w->k_norm,
+                             a->qk_rstd + T * d->H, T, d->KV, d->HD);
+        });
+    }
+    SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(s->ln, d->D, a->rstd1, x, d->D, w->input_norm, T, 1, d->D, eps));
+    linear_bwd(m, OP_QKV, s->dln, dw->q_proj, s->dqkv, s->ln, w->q_proj, T, QKV, d->D);
+    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->input_norm, s->dln, d->D, x, d->D, w->input_norm, a->rstd1, T, 1, d->D));
+}
+
+/* Final norm, then the LM head and cross-entropy chunk by chunk: each chunk's logits become
+ * their gradient in place and are folded into dL/dh and the head's weight gradient at once,
+ * so no [T, V] buffer exists. With_grad false computes the loss only. */
+static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
+    const qwen3_dims_t *d = &m->d;
+    scratch_t *s = &m->s;
+    int64_t T = d->B * d->S, C = m->opt.xent_chunk;
+    const float *x = layer_input(m, d->L);
+    SPAN(m, m->names.fwd[OP_FINAL_NORM], 0, rmsnorm_forward(s->ln, d->D, s->rstd_final, x, d->D, m->w.final_norm, T, 1, d->D, (float)d->eps));
+    double loss_sum = 0.0;
+    float grad_scale = 1.0f / (float)T;
+    for (int64_t t0 = 0; t0 < T; t0 += C) {
+        int64_t n = T - t0 < C ? T - t0 : C;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t t = t0 + i;
+            s->targets[i] = m->tokens[(t / d->S) * (d->S + 1) + t % d->S + 1];
+        }
+        SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
+             gemm_f32(m->gemm, false, true, n, d->V, d->D, s->ln + t0 * d->D, d->D, m->w.lm_head, d->D, s->logits, d->V, false));
+        SPAN(m, m->names.fwd[OP_XENT], 0,
+             xent_forward_backward(s->logits, s->row_loss, s->row_lse, s->targets, n, d->V, grad_scale, m->opt.z_loss));
+        for (int64_t i = 0; i < n; i++) loss_sum += s->row_loss[i];
+        if (!with_grad) continue;
+        SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
+             gemm_f32(m->gemm, true, false, d->V, d->D, n, s->logits, d->V, s->ln + t0 * d->D, d->D, m->dw.lm_head, d->D, true));
+        SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
+             gemm_f32(m->gemm, false, false, n, d->D, d->V, s->logits, d->V, m->w.lm_head, d->D, s->dln + t0 * d->D, d->D, false));
+    }
+    if (with_grad)
+        SPAN(m, m->names.bwd[OP_FINAL_NORM], 0,
+             rmsnorm_backward(s->dres, d->D, false, m->dw.final_norm, s->dln, d->D, x, d->D, m->w.final_norm, s->rstd_final, T, 1, d->D));
+    return loss_sum / (double)T;
+}
+
+static double forward(qwen3_model_t *m, const int32_t *tokens, bool with_grad) {
+    const qwen3_dims_t *d = &m->d;
+    m->tokens = tokens;
+    int64_t span = trace_begin(m->trace);
+    SPAN(m, m->names.fwd[OP_EMBED], 0, embed_forward(layer_input(m, 0), tokens, d->S + 1, m->w.embed, d->B, d->S, d->D));
+    for (int64_t l = 0; l < d->L; l++)
+        SPAN(m, m->names.layer_fwd[l], 0, layer_forward(m, l, layer_input(m, l), layer_input(m, l + 1)));
+    double loss = head_forward_backward(m, with_grad);
+    trace_end(m->trace, 0, m->names.forward, span, 0);
+    return loss;
+}
+
+double qwen3_forward_loss(qwen3_model_t *m, const int32_t *tokens) { return forward(m, tokens, false); }
+
+double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens) {
+    const qwen3_dims_t *d = &m->d;
+    double loss = forward(m, tokens, true);
+    int64_t span = trace_begin(m->trace);
+    for (int64_t l = d->L - 1; l >= 0; l--) {
+        const float *x = layer_input(m, l);
+        SPAN(m, m->names.layer_bwd[l], 0, {
+            if (m->opt.remat_full) layer_forward(m, l, x, m->s.dln); /* refill the shared acts; output unused */
+            layer_backward(m, l, x);
+        });
+    }
+    SPAN(m, m->names.bwd[OP_EMBED], 0, embed_backward(m->dw.embed, m->s.dres, tokens, d->S + 1, d->B, d->S, d->D));
+    trace_end(m->trace, 0, m->names.backward, span, 0);
+    return loss;
+}

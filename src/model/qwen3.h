@@ -1,0 +1,112 @@
+/* qwen3: the Qwen3 decoder (Hugging Face's Qwen3ForCausalLM) as calls into the kernels:
+ * the parameter layout, seeded init, safetensors loading, and one fused forward + loss +
+ * backward that leaves gradients in the gradient buffer.
+ *
+ * Dimension letters: B batch, S sequence, T = B·S tokens, D model width, F MLP width,
+ * L layers, H query heads, KV kv heads, HD head dim, V vocab. */
+#ifndef STEPSCOPE_QWEN3_H
+#define STEPSCOPE_QWEN3_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/gemm.h"
+#include "profile/trace.h"
+
+typedef struct qwen3_dims {
+    int64_t B, S, D, F, L, H, KV, HD, V;
+    bool tied;     /* LM head is the token embedding */
+    bool qk_norm;
+    double rope_theta, eps;
+} qwen3_dims_t;
+
+/* The per-layer tensors, written once: field, Hugging Face name suffix, rows, columns (0 for a
+ * vector), init, present. q/k/v are adjacent and so form one [(H+2KV)·HD, D] matrix, and
+ * gate/up one [2F, D] matrix: each pair runs as a single GEMM. */
+#define QWEN3_LAYER_TENSORS(X, d)                                                              \
+    X(input_norm, "input_layernorm.weight", (d)->D, 0, QWEN3_INIT_ONES, true)                  \
+    X(q_proj, "self_attn.q_proj.weight", (d)->H *(d)->HD, (d)->D, QWEN3_INIT_NORMAL, true)     \
+    X(k_proj, "self_attn.k_proj.weight", (d)->KV *(d)->HD, (d)->D, QWEN3_INIT_NORMAL, true)    \
+    X(v_proj, "self_attn.v_proj.weight", (d)->KV *(d)->HD, (d)->D, QWEN3_INIT_NORMAL, true)    \
+    X(q_norm, "self_attn.q_norm.weight", (d)->HD, 0, QWEN3_INIT_ONES, (d)->qk_norm)            \
+    X(k_norm, "self_attn.k_norm.weight", (d)->HD, 0, QWEN3_INIT_ONES, (d)->qk_norm)            \
+    X(o_proj, "self_attn.o_proj.weight", (d)->D, (d)->H *(d)->HD, QWEN3_INIT_NORMAL, true)     \
+    X(post_norm, "post_attention_layernorm.weight", (d)->D, 0, QWEN3_INIT_ONES, true)          \
+    X(gate_proj, "mlp.gate_proj.weight", (d)->F, (d)->D, QWEN3_INIT_NORMAL, true)              \
+    X(up_proj, "mlp.up_proj.weight", (d)->F, (d)->D, QWEN3_INIT_NORMAL, true)                  \
+    X(down_proj, "mlp.down_proj.weight", (d)->D, (d)->F, QWEN3_INIT_NORMAL, true)
+
+typedef enum { QWEN3_INIT_NORMAL, QWEN3_INIT_ONES } qwen3_init_t;
+
+typedef struct qwen3_layer_params {
+#define QWEN3_FIELD(field, name, rows, cols, init, present) float *field;
+    QWEN3_LAYER_TENSORS(QWEN3_FIELD, (qwen3_dims_t *)0)
+#undef QWEN3_FIELD
+} qwen3_layer_params_t;
+
+typedef struct qwen3_params {
+    float *embed;      /* [V, D] */
+    qwen3_layer_params_t *layers; /* [L] */
+    float *final_norm; /* [D] */
+    float *lm_head;    /* [V, D]; equals embed when tied */
+} qwen3_params_t;
+
+typedef struct qwen3_tensor_info {
+    char hf_name[96];
+    int64_t offset;    /* floats from the start of the parameter buffer */
+    int64_t rows, cols; /* cols == 0: a vector of rows numbers */
+    qwen3_init_t init;
+} qwen3_tensor_info_t;
+
+/* All parameters in load order; returns the count (fills `out` when non-NULL). */
+int64_t qwen3_tensor_table(const qwen3_dims_t *d, qwen3_tensor_info_t *out);
+int64_t qwen3_num_params(const qwen3_dims_t *d);
+
+/* Typed views into a flat buffer laid out by the table. v->layers is allocated (free with
+ * qwen3_params_free). Returns non-zero on allocation failure. */
+int qwen3_params_view(qwen3_params_t *v, const qwen3_dims_t *d, float *base);
+void qwen3_params_free(qwen3_params_t *v);
+
+/* Linear and embedding weights N(0, 0.02²), norm weights 1, as Hugging Face initialises Qwen3;
+ * every number is a function of (seed, tensor, index) only. */
+void qwen3_init_params(float *base, const qwen3_dims_t *d, uint64_t seed);
+
+/* Load Hugging Face names from a safetensors file (F32/BF16/F16/F64). A missing, extra or
+ * misshapen tensor, or a malformed file, fails with one line in err naming it. */
+int qwen3_load_safetensors(float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen);
+int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen);
+
+/* Activation and scratch sizes, in floats, for the plan. remat_full keeps only each layer's
+ * input for backward and recomputes the rest one layer at a time. */
+int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, bool remat_full);
+int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk);
+/* The default chunk: as many tokens as keep one chunk of logits near 64 MiB. */
+int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d);
+
+typedef struct qwen3_model qwen3_model_t;
+
+typedef struct qwen3_options {
+    int num_threads;
+    bool remat_full;
+    int64_t xent_chunk;
+    float z_loss;
+    trace_t *trace; /* may be NULL */
+} qwen3_options_t;
+
+/* Bind a model to buffers sized by the plan: params and grads (qwen3_num_params floats each),
+ * acts (qwen3_saved_activation_floats), scratch (qwen3_scratch_floats). */
+qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, float *params,
+                            float *grads, float *acts, float *scratch, gemm_ctx_t *gemm,
+                            char *err, size_t errlen);
+void qwen3_destroy(qwen3_model_t *m);
+
+/* Forward, mean cross-entropy over the B·S targets, and backward: gradients are added into
+ * the gradient buffer (the optimizer zeroes it). tokens: [B, S+1], row stride S+1; inputs
+ * are tokens[:, 0:S], targets tokens[:, 1:S+1]. Returns the loss. */
+double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens);
+
+/* Forward and loss only (no gradients): for evaluation and finite-difference tests. */
+double qwen3_forward_loss(qwen3_model_t *m, const int32_t *tokens);
+
+#endif

@@ -1,0 +1,98 @@
+#include "plan/plan.h"
+
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/adamw.h"
+
+qwen3_dims_t plan_dims(const config_t *cfg) {
+    return (qwen3_dims_t){
+        .B = cfg->per_device_batch_size, .S = cfg->max_target_length, .D = cfg->base_emb_dim,
+        .F = cfg->base_mlp_dim, .L = cfg->base_num_decoder_layers, .H = cfg->base_num_query_heads,
+        .KV = cfg->base_num_kv_heads, .HD = cfg->head_dim, .V = cfg->vocab_size,
+        .tied = cfg->logits_via_embedding, .qk_norm = cfg->use_qk_norm,
+        .rope_theta = cfg->rope_max_timescale, .eps = cfg->normalization_layer_epsilon,
+    };
+}
+
+double plan_tflops_training_per_device(const qwen3_dims_t *d) {
+    double B = (double)d->B, S = (double)d->S, D = (double)d->D, F = (double)d->F;
+    double H = (double)d->H, KV = (double)d->KV, HD = (double)d->HD, V = (double)d->V, L = (double)d->L;
+    double ffn = 6.0 * B * S * D * F;
+    double qkv = 2.0 * B * S * D * (H + 2.0 * KV) * HD;
+    double proj = 2.0 * B * S * D * H * HD;
+    double attention = 4.0 * B * S * S * H * HD / 2.0;
+    double embedding = 2.0 * B * S * D * V;
+    double weights = ((ffn + qkv + proj) * L + embedding) * 3.0;
+    return (weights + attention * L * 3.0) / 1e12;
+}
+
+int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, char *err, size_t errlen) {
+    memset(p, 0, sizeof *p);
+    p->dims = plan_dims(cfg);
+    const qwen3_dims_t *d = &p->dims;
+    if (d->HD % 2 != 0) {
+        snprintf(err, errlen, "head_dim=%lld must be even for rotary embeddings", (long long)d->HD);
+        return CONFIG_EXIT_CODE;
+    }
+    p->num_threads = num_threads;
+    p->num_ranks = num_ranks;
+    p->remat_full = strcmp(cfg->remat_policy, "full") == 0;
+    p->xent_chunk = cfg->xent_chunk_tokens > 0 ? cfg->xent_chunk_tokens : qwen3_default_xent_chunk(d);
+    if (p->xent_chunk > d->B * d->S) p->xent_chunk = d->B * d->S;
+    p->num_params = qwen3_num_params(d);
+    p->tokens_per_device = d->B * d->S;
+    p->tflops_per_device = plan_tflops_training_per_device(d);
+    uint64_t n = (uint64_t)p->num_params, f = sizeof(float);
+    p->params_bytes = n * f;
+    p->grads_bytes = n * f;
+    p->optimizer_bytes = 2 * n * f + (uint64_t)adamw_norm_partials(p->num_params) * sizeof(double);
+    p->activations_bytes = (uint64_t)qwen3_saved_activation_floats(d, p->remat_full) * f;
+    p->scratch_bytes = (uint64_t)qwen3_scratch_floats(d, num_threads, p->xent_chunk) * f;
+    p->total_bytes = p->params_bytes + p->grads_bytes + p->optimizer_bytes + p->activations_bytes + p->scratch_bytes;
+    return 0;
+}
+
+static uint64_t physical_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+uint64_t plan_memory_available(const config_t *cfg) {
+    if (cfg->memory_limit_gib > 0) return (uint64_t)(cfg->memory_limit_gib * 1073741824.0);
+    /* Leave room for the system, the libraries and the data ring: 90% of physical memory. */
+    return physical_memory() / 10 * 9;
+}
+
+int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t errlen) {
+    uint64_t avail = plan_memory_available(cfg);
+    if (p->total_bytes <= avail) return 0;
+    const double gib = 1073741824.0;
+    snprintf(err, errlen,
+             "the memory plan needs %.2f GiB per device (activations %.2f GiB) but %.2f GiB is available; "
+             "lower per_device_batch_size or max_target_length%s, or use more ranks",
+             (double)p->total_bytes / gib, (double)p->activations_bytes / gib, (double)avail / gib,
+             p->remat_full ? "" : ", or set remat_policy=full");
+    return CONFIG_EXIT_CODE;
+}
+
+void plan_print(const plan_t *p, FILE *out) {
+    const qwen3_dims_t *d = &p->dims;
+    fprintf(out, "num_parameters: %lld\n", (long long)p->num_params);
+    fprintf(out, "per_device_tflops: %.4f\n", p->tflops_per_device);
+    fprintf(out, "tokens_per_device_per_step: %lld\n", (long long)p->tokens_per_device);
+    fprintf(out, "shape: B=%lld S=%lld D=%lld F=%lld L=%lld H=%lld KV=%lld HD=%lld V=%lld tied=%s qk_norm=%s\n",
+            (long long)d->B, (long long)d->S, (long long)d->D, (long long)d->F, (long long)d->L, (long long)d->H,
+            (long long)d->KV, (long long)d->HD, (long long)d->V, d->tied ? "true" : "false", d->qk_norm ? "true" : "false");
+    fprintf(out, "num_ranks: %d\n", p->num_ranks);
+    fprintf(out, "compute_threads: %d\n", p->num_threads);
+    fprintf(out, "remat_policy: %s\n", p->remat_full ? "full" : "none");
+    fprintf(out, "xent_chunk_tokens: %lld\n", (long long)p->xent_chunk);
+    fprintf(out, "memory_parameters_bytes: %llu\n", (unsigned long long)p->params_bytes);
+    fprintf(out, "memory_gradients_bytes: %llu\n", (unsigned long long)p->grads_bytes);
+    fprintf(out, "memory_optimizer_state_bytes: %llu\n", (unsigned long long)p->optimizer_bytes);
+    fprintf(out, "memory_saved_activations_bytes: %llu\n", (unsigned long long)p->activations_bytes);
+    fprintf(out, "memory_scratch_bytes: %llu\n", (unsigned long long)p->scratch_bytes);
+    fprintf(out, "memory_total_bytes: %llu\n", (unsigned long long)p->total_bytes);
+    fprintf(out, "memory_total_gib: %.3f\n", (double)p->total_bytes / 1073741824.0);
+}

@@ -1,0 +1,48 @@
+/* plan: everything decided before a run allocates: the model's shapes, parameter count,
+ * FLOPs per step (MaxText's accounting) and the memory plan, one line per buffer. --dry-run
+ * prints it; a run whose plan does not fit the machine is refused before it starts. */
+#ifndef STEPSCOPE_PLAN_H
+#define STEPSCOPE_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config/config.h"
+#include "model/qwen3.h"
+
+typedef struct plan {
+    qwen3_dims_t dims;      /* this device's batch */
+    int num_threads;
+    int num_ranks;
+    bool remat_full;
+    int64_t xent_chunk;
+    int64_t num_params;
+    int64_t tokens_per_device; /* B·S per step */
+    double tflops_per_device;  /* per step, MaxText's calculate_tflops_training_per_device */
+    /* memory plan, bytes */
+    uint64_t params_bytes, grads_bytes, optimizer_bytes, activations_bytes, scratch_bytes, total_bytes;
+} plan_t;
+
+/* The dims a config describes (per-device batch). */
+qwen3_dims_t plan_dims(const config_t *cfg);
+
+/* MaxText's TFLOP count for one training step on one device:
+ * per layer FFN 6·B·S·D·F, QKV 2·B·S·D·(H+2KV)·HD, output projection 2·B·S·D·H·HD, plus the
+ * unembedding 2·B·S·D·V once, all ×3 (forward + backward); causal attention 4·B·S²·H·HD/2
+ * per layer, also ×3. */
+double plan_tflops_training_per_device(const qwen3_dims_t *d);
+
+int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, char *err, size_t errlen);
+
+/* Bytes of memory this machine can give the run: memory_limit_gib when set, else physical
+ * memory less what the system keeps. */
+uint64_t plan_memory_available(const config_t *cfg);
+
+/* Non-zero (and one line in err naming what would help) when the plan does not fit. */
+int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t errlen);
+
+/* "key: value" lines: shapes, num_parameters, per_device_tflops (4 decimals), memory plan. */
+void plan_print(const plan_t *p, FILE *out);
+
+#endif

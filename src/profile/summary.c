@@ -1,0 +1,299 @@
+/* summary: op summary, see summary.h for the counting rule. */
+#include "profile/summary.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "profile/pb.h"
+#include "util/atomic_file.h"
+
+typedef struct { int64_t start, end, num; } step_span_t;
+
+typedef struct {
+    trace_category_t cat;
+    const char *part;    /* NULL for a category total */
+    int64_t calls, ns;
+    double flops;
+} acc_t;
+
+static bool is_leaf(trace_category_t c) { return c >= TRACE_CAT_MATMUL && c <= TRACE_CAT_DATA; }
+
+static int cmp_step_num(const void *pa, const void *pb) {
+    const step_span_t *a = pa, *b = pb;
+    if (a->num != b->num) return a->num < b->num ? -1 : 1;
+    return (a->start > b->start) - (a->start < b->start);
+}
+
+static int cmp_step_start(const void *pa, const void *pb) {
+    const step_span_t *a = pa, *b = pb;
+    return (a->start > b->start) - (a->start < b->start);
+}
+
+/* Root steps in range from every lane, one per step number, sorted by start. */
+static step_span_t *collect_steps(const trace_t *t, int64_t first, int64_t last, size_t *n) {
+    size_t total = 0;
+    for (size_t l = 0; l < t->num_lanes; l++) total += t->lanes[l].count;
+    step_span_t *s = malloc((total ? total : 1) * sizeof *s);
+    if (!s) return NULL;
+    bool all = first < 0 || last < first;
+    size_t k = 0;
+    for (size_t l = 0; l < t->num_lanes; l++)
+        for (size_t i = 0; i < t->lanes[l].count; i++) {
+            const trace_event_t *e = &t->lanes[l].events[i];
+            if (!trace_is_root_step(t, e) || (!all && (e->step_num < first || e->step_num > last))) continue;
+            s[k++] = (step_span_t){e->start_ns, e->end_ns, e->step_num};
+        }
+    qsort(s, k, sizeof *s, cmp_step_num);
+    size_t u = 0;
+    for (size_t i = 0; i < k; i++)
+        if (u == 0 || s[u - 1].num != s[i].num) s[u++] = s[i];
+    qsort(s, u, sizeof *s, cmp_step_start);
+    *n = u;
+    return s;
+}
+
+static size_t master_lane(const trace_t *t) {
+    for (size_t l = 0; l < t->num_lanes; l++)
+        if (strncmp(t->lanes[l].name, "compute", 7) == 0) return l;
+    return 0;
+}
+
+/* Start ascending, longer first: an enclosing span is seen before what it contains. */
+static int cmp_event(const void *pa, const void *pb) {
+    const trace_event_t *a = *(const trace_event_t *const *)pa;
+    const trace_event_t *b = *(const trace_event_t *const *)pb;
+    if (a->start_ns != b->start_ns) return a->start_ns < b->start_ns ? -1 : 1;
+    int64_t da = a->end_ns - a->start_ns, db = b->end_ns - b->start_ns;
+    if (da != db) return da > db ? -1 : 1;
+    return a < b ? -1 : (a > b);
+}
+
+static void add(acc_t *a, const trace_event_t *e) {
+    a->calls++;
+    a->ns += e->end_ns - e->start_ns;
+    a->flops += e->flops;
+}
+
+/* Part accumulators: parts are few (bounded by the names), so a linear search is fine. */
+static acc_t *part_acc(acc_t *parts, size_t *n, trace_category_t cat, const char *part) {
+    for (size_t i = 0; i < *n; i++)
+        if (parts[i].cat == cat && strcmp(parts[i].part, part) == 0) return &parts[i];
+    parts[*n] = (acc_t){.cat = cat, .part = part};
+    return &parts[(*n)++];
+}
+
+typedef struct {
+    acc_t cats[TRACE_CAT_COUNT];
+    acc_t *parts;
+    size_t num_parts;
+    int64_t kernel_ns;
+} tally_t;
+
+/* Walk the master lane in time order and add each counted leaf span to its rows. */
+static int tally_lane(const trace_t *t, const trace_lane_t *L, const step_span_t *steps,
+                      size_t num_steps, tally_t *ty) {
+    const trace_event_t **ev = malloc((L->count ? L->count : 1) * sizeof *ev);
+    if (!ev) return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < L->count; i++)
+        if (L->events[i].name_id < t->num_names && is_leaf(t->names[L->events[i].name_id].category))
+            ev[n++] = &L->events[i];
+    qsort(ev, n, sizeof *ev, cmp_event);
+    size_t k = 0;
+    int64_t open_end = INT64_MIN;   /* end of the outermost leaf span being inside */
+    for (size_t i = 0; i < n; i++) {
+        const trace_event_t *e = ev[i];
+        if (e->start_ns < open_end) continue;        /* nested in a counted leaf span */
+        while (k < num_steps && steps[k].end <= e->start_ns) k++;
+        if (k == num_steps || e->start_ns < steps[k].start) continue;  /* outside the steps */
+        open_end = e->end_ns;
+        const trace_name_t *nm = &t->names[e->name_id];
+        add(&ty->cats[nm->category], e);
+        if (nm->part) add(part_acc(ty->parts, &ty->num_parts, nm->category, nm->part), e);
+        ty->kernel_ns += e->end_ns - e->start_ns;
+    }
+    free(ev);
+    return 0;
+}
+
+static void fill_row(summary_row_t *r, const char *cat, const char *part, int64_t calls,
+                     double ns, double flops, double step_ns, double peak) {
+    memset(r, 0, sizeof *r);
+    snprintf(r->category, sizeof r->category, "%s", cat);
+    snprintf(r->part, sizeof r->part, "%s", part ? part : "");
+    r->calls = calls;
+    r->total_ms = ns * 1e-6;
+    r->share = step_ns > 0 ? ns / step_ns : 0;
+    r->flops = flops;
+    r->gflops_per_s = ns > 0 ? flops / ns : 0;   /* flop per ns == GFLOP/s */
+    r->pct_peak = peak > 0 ? 100.0 * r->gflops_per_s / peak : 0;
+}
+
+/* Category then time descending, so each category's parts follow it biggest first. */
+static int cmp_part(const void *pa, const void *pb) {
+    const acc_t *a = pa, *b = pb;
+    if (a->cat != b->cat) return a->cat < b->cat ? -1 : 1;
+    return (a->ns < b->ns) - (a->ns > b->ns);
+}
+
+static void emit_rows(summary_t *s, tally_t *ty, double step_ns) {
+    qsort(ty->parts, ty->num_parts, sizeof *ty->parts, cmp_part);
+    size_t p = 0;
+    double flops = 0;
+    for (int c = 0; c < TRACE_CAT_COUNT; c++) {
+        const acc_t *a = &ty->cats[c];
+        if (a->calls == 0) continue;
+        const char *name = trace_category_name((trace_category_t)c);
+        fill_row(&s->rows[s->num_rows++], name, NULL, a->calls, (double)a->ns, a->flops, step_ns, s->peak_gflops);
+        flops += a->flops;
+        while (p < ty->num_parts && (int)ty->parts[p].cat < c) p++;
+        for (; p < ty->num_parts && (int)ty->parts[p].cat == c; p++)
+            fill_row(&s->rows[s->num_rows++], name, ty->parts[p].part, ty->parts[p].calls,
+                     (double)ty->parts[p].ns, ty->parts[p].flops, step_ns, s->peak_gflops);
+    }
+    fill_row(&s->rows[s->num_rows++], SUMMARY_OTHER_LABEL, NULL, 0, s->other_ms * 1e6, 0, step_ns, s->peak_gflops);
+    fill_row(&s->rows[s->num_rows++], SUMMARY_TOTAL_LABEL, NULL, s->num_steps, step_ns, flops, step_ns, s->peak_gflops);
+}
+
+int summary_compute(const trace_t *t, int64_t first_step, int64_t last_step, double peak_gflops,
+                    summary_t *out) {
+    memset(out, 0, sizeof *out);
+    out->first_step = out->last_step = -1;
+    out->peak_gflops = peak_gflops;
+    for (size_t l = 0; l < t->num_lanes; l++) out->dropped_events += t->lanes[l].dropped;
+    size_t num_steps = 0;
+    step_span_t *steps = collect_steps(t, first_step, last_step, &num_steps);
+    tally_t ty = {.parts = malloc((t->num_names ? t->num_names : 1) * sizeof(acc_t))};
+    /* Rows: at most one per category and one per name (part), plus other and total. */
+    out->rows = calloc(TRACE_CAT_COUNT + t->num_names + 2, sizeof *out->rows);
+    int rc = (steps && ty.parts && out->rows) ? 0 : -1;
+    double step_ns = 0;
+    for (size_t i = 0; rc == 0 && i < num_steps; i++) {
+        step_ns += (double)(steps[i].end - steps[i].start);
+        if (out->first_step < 0 || steps[i].num < out->first_step) out->first_step = steps[i].num;
+        if (steps[i].num > out->last_step) out->last_step = steps[i].num;
+    }
+    if (rc == 0 && t->num_lanes > 0) {
+        size_t m = master_lane(t);
+        snprintf(out->lane, sizeof out->lane, "%s", t->lanes[m].name);
+        rc = tally_lane(t, &t->lanes[m], steps, num_steps, &ty);
+    }
+    if (rc == 0) {
+        out->num_steps = (int64_t)num_steps;
+        out->step_ms = step_ns * 1e-6;
+        out->kernel_ms = (double)ty.kernel_ns * 1e-6;
+        out->other_ms = out->step_ms - out->kernel_ms;
+        emit_rows(out, &ty, step_ns);
+    }
+    free(steps);
+    free(ty.parts);
+    if (rc != 0) summary_free(out);
+    return rc;
+}
+
+void summary_free(summary_t *s) {
+    if (!s) return;
+    free(s->rows);
+    s->rows = NULL;
+    s->num_rows = 0;
+}
+
+void summary_print(const summary_t *s, FILE *f) {
+    fprintf(f, "op summary: steps %lld..%lld (%lld), step time %.3f ms, kernels counted on lane \"%s\"",
+            (long long)s->first_step, (long long)s->last_step, (long long)s->num_steps, s->step_ms, s->lane);
+    if (s->peak_gflops > 0) fprintf(f, ", peak %.1f GFLOP/s", s->peak_gflops);
+    fprintf(f, "\n");
+    if (s->dropped_events)
+        fprintf(f, "warning: %zu events were dropped (trace buffers full): figures undercount\n",
+                s->dropped_events);
+    fprintf(f, "%-24s %-20s %9s %12s %7s %11s %7s\n", "category", "part", "calls", "total ms", "share",
+            "GFLOP/s", "%peak");
+    for (size_t i = 0; i < s->num_rows; i++) {
+        const summary_row_t *r = &s->rows[i];
+        char calls[24] = "-", gf[24] = "-", pk[24] = "-";
+        if (r->calls) snprintf(calls, sizeof calls, "%lld", (long long)r->calls);
+        if (r->flops > 0) snprintf(gf, sizeof gf, "%.1f", r->gflops_per_s);
+        if (r->flops > 0 && s->peak_gflops > 0) snprintf(pk, sizeof pk, "%.1f%%", r->pct_peak);
+        /* Part rows are indented under their category. */
+        fprintf(f, "%-24s %-20s %9s %12.3f %6.1f%% %11s %7s\n", r->part[0] ? "" : r->category,
+                r->part, calls, r->total_ms, 100.0 * r->share, gf, pk);
+    }
+}
+
+/* JSON text helpers over a pb_buf_t used as a plain byte buffer. */
+static void js_raw(pb_buf_t *b, const char *s) { pb_raw(b, s, strlen(s)); }
+
+static void js_str(pb_buf_t *b, const char *s) {
+    js_raw(b, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char e[8];
+        if (c == '"' || c == '\\') snprintf(e, sizeof e, "\\%c", c);
+        else if (c < 0x20) snprintf(e, sizeof e, "\\u%04x", c);
+        else snprintf(e, sizeof e, "%c", c);
+        js_raw(b, e);
+    }
+    js_raw(b, "\"");
+}
+
+/* "key":number; JSON has no inf or nan, so those become 0. */
+static void js_num(pb_buf_t *b, const char *key, double v) {
+    char tmp[96];
+    snprintf(tmp, sizeof tmp, "\"%s\":%.10g", key, isfinite(v) ? v : 0.0);
+    js_raw(b, tmp);
+}
+
+static void js_row(pb_buf_t *b, const summary_row_t *r) {
+    js_raw(b, "{\"category\":");
+    js_str(b, r->category);
+    js_raw(b, ",\"part\":");
+    js_str(b, r->part);
+    js_raw(b, ",");
+    js_num(b, "calls", (double)r->calls);
+    js_raw(b, ",");
+    js_num(b, "total_ms", r->total_ms);
+    js_raw(b, ",");
+    js_num(b, "share", r->share);
+    js_raw(b, ",");
+    js_num(b, "flops", r->flops);
+    js_raw(b, ",");
+    js_num(b, "gflops_per_s", r->gflops_per_s);
+    js_raw(b, ",");
+    js_num(b, "pct_peak", r->pct_peak);
+    js_raw(b, "}");
+}
+
+int summary_write_json(const summary_t *s, const char *path, char *err, size_t errlen) {
+    pb_buf_t b;
+    pb_init(&b);
+    js_raw(&b, "{");
+    js_num(&b, "first_step", (double)s->first_step);
+    js_raw(&b, ",");
+    js_num(&b, "last_step", (double)s->last_step);
+    js_raw(&b, ",");
+    js_num(&b, "num_steps", (double)s->num_steps);
+    js_raw(&b, ",");
+    js_num(&b, "step_ms", s->step_ms);
+    js_raw(&b, ",");
+    js_num(&b, "kernel_ms", s->kernel_ms);
+    js_raw(&b, ",");
+    js_num(&b, "other_ms", s->other_ms);
+    js_raw(&b, ",");
+    js_num(&b, "peak_gflops", s->peak_gflops);
+    js_raw(&b, ",");
+    js_num(&b, "dropped_events", (double)s->dropped_events);
+    js_raw(&b, ",\"lane\":");
+    js_str(&b, s->lane);
+    js_raw(&b, ",\"rows\":[");
+    for (size_t i = 0; i < s->num_rows; i++) {
+        if (i) js_raw(&b, ",\n ");
+        js_row(&b, &s->rows[i]);
+    }
+    js_raw(&b, "]}\n");
+    int rc = -1;
+    if (!pb_ok(&b)) snprintf(err, errlen, "summary: out of memory");
+    else rc = atomic_write_file(path, b.data, b.len, err, errlen);
+    pb_free(&b);
+    return rc;
+}

@@ -1,0 +1,100 @@
+/* trace: the span recorder behind the profiler. Spans go into per-lane buffers that are
+ * allocated before the profiling window opens, so recording takes no lock and allocates
+ * nothing: a lane is written by exactly one thread (compute thread t uses lane t, the data
+ * thread and the host thread have lanes of their own). Names are interned before the run;
+ * the hot path passes small integer ids. When recording is off, trace_begin returns 0 and
+ * trace_end does nothing, so instrumented code costs one branch. */
+#ifndef STEPSCOPE_TRACE_H
+#define STEPSCOPE_TRACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* What a span is, for the op summary: matmuls, attention, norms, ... */
+typedef enum {
+    TRACE_CAT_STEP = 0,   /* the root "train" span of a step */
+    TRACE_CAT_PHASE,      /* forward, backward, optimizer */
+    TRACE_CAT_LAYER,      /* one decoder layer's forward or backward */
+    TRACE_CAT_MATMUL,
+    TRACE_CAT_ATTENTION,
+    TRACE_CAT_NORM,
+    TRACE_CAT_ROPE,
+    TRACE_CAT_SWIGLU,
+    TRACE_CAT_XENT,       /* LM head + cross-entropy chunks */
+    TRACE_CAT_EMBED,
+    TRACE_CAT_OPTIMIZER,
+    TRACE_CAT_ELEMENTWISE,
+    TRACE_CAT_COMM,       /* collectives */
+    TRACE_CAT_DATA,       /* waiting for data (compute lane) or producing it (data lane) */
+    TRACE_CAT_OTHER,
+    TRACE_CAT_COUNT
+} trace_category_t;
+
+typedef struct trace_event {
+    int64_t start_ns;  /* CLOCK_MONOTONIC */
+    int64_t end_ns;
+    int64_t step_num;  /* >= 0 on root "train" spans, -1 elsewhere */
+    double flops;      /* floating-point operations the span performed, 0 if not counted */
+    uint32_t name_id;
+    uint32_t lane;
+} trace_event_t;
+
+typedef struct trace_name {
+    char *name;
+    trace_category_t category;
+    char *part;        /* layer part for the summary ("attention", "mlp", "lm_head", ...) or NULL */
+} trace_name_t;
+
+typedef struct trace_lane {
+    char name[64];     /* thread name shown in the viewers */
+    int64_t tid;       /* OS thread id when known, else lane index */
+    trace_event_t *events;
+    size_t count, capacity;
+    size_t dropped;    /* events lost because the buffer was full */
+} trace_lane_t;
+
+typedef struct trace {
+    volatile bool recording;
+    trace_name_t *names;
+    size_t num_names, cap_names;
+    trace_lane_t *lanes;
+    size_t num_lanes;
+    int64_t wall_minus_mono_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC at creation, for epoch timestamps */
+} trace_t;
+
+/* Create a recorder with num_lanes lanes of events_per_lane events each. NULL on OOM. */
+trace_t *trace_create(size_t num_lanes, size_t events_per_lane);
+void trace_destroy(trace_t *t);
+/* Name a lane (thread); tid is the OS thread id shown in the viewers. */
+void trace_set_lane(trace_t *t, size_t lane, const char *name, int64_t tid);
+/* Intern a span name (setup time only, not thread-safe). Same name returns the same id. */
+uint32_t trace_intern(trace_t *t, const char *name, trace_category_t cat, const char *part);
+/* Drop all recorded events (keeps names and lanes). */
+void trace_clear(trace_t *t);
+
+int64_t trace_now_ns(void); /* CLOCK_MONOTONIC in ns */
+
+/* Hot path. t may be NULL. Returns the start time, or 0 when not recording. */
+static inline int64_t trace_begin(const trace_t *t) {
+    return (t && t->recording) ? trace_now_ns() : 0;
+}
+/* Record [start, now) on lane. No-op when start == 0. */
+void trace_end(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, double flops);
+/* Record a root step span with its step number. */
+void trace_end_step(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, int64_t step_num);
+
+/* Additions (formats layer). */
+/* Turn recording on or off (spans begun while off are not recorded). */
+void trace_set_recording(trace_t *t, bool on);
+/* Append a finished span with explicit times; what trace_end does after reading the clock.
+ * Also lets tests and importers build traces by hand. False when the lane is full (counted
+ * in dropped) or lane is out of range. */
+bool trace_record(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, int64_t end_ns,
+                  int64_t step_num, double flops);
+/* Lower-case category name ("step", "matmul", ...), used as the JSON "cat" and in the summary. */
+const char *trace_category_name(trace_category_t c);
+/* True for a root step span: category TRACE_CAT_STEP and step_num >= 0. */
+bool trace_is_root_step(const trace_t *t, const trace_event_t *e);
+
+#endif

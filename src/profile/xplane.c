@@ -1,0 +1,204 @@
+/* xplane: XSpace encoder, see xplane.h. Field numbers are from FORMATS.md section 1.1. */
+#include "profile/xplane.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/atomic_file.h"
+
+enum { STAT_R = 1, STAT_STEP_NUM = 2, STAT_FLOPS = 3 };
+
+/* What to write, gathered once so the encoder only walks sorted arrays. */
+typedef struct {
+    const trace_t *t;
+    const trace_event_t ***events;  /* per lane: kept events, sorted */
+    size_t *counts;                 /* per lane */
+    size_t *lane_order;             /* non-empty lanes sorted by name */
+    size_t num_lines;
+    uint32_t *meta_id;              /* per name id: event-metadata id, 0 if unused */
+    int64_t base_mono_ns;           /* start of the earliest kept event */
+    bool any_flops;
+} xplane_view_t;
+
+static bool root_step_in(const trace_t *t, const trace_event_t *e, int64_t first, int64_t last) {
+    return trace_is_root_step(t, e) && e->step_num >= first && e->step_num <= last;
+}
+
+/* The time window of the requested steps; false means "write everything". */
+static bool step_window(const trace_t *t, int64_t first, int64_t last, int64_t *lo, int64_t *hi) {
+    if (first < 0 || last < first) return false;
+    bool found = false;
+    for (size_t l = 0; l < t->num_lanes; l++)
+        for (size_t i = 0; i < t->lanes[l].count; i++) {
+            const trace_event_t *e = &t->lanes[l].events[i];
+            if (!root_step_in(t, e, first, last)) continue;
+            if (!found || e->start_ns < *lo) *lo = e->start_ns;
+            if (!found || e->end_ns > *hi) *hi = e->end_ns;
+            found = true;
+        }
+    return found;
+}
+
+/* Begin ascending, then duration descending (XEventsComparator), then recording order. */
+static int cmp_event(const void *pa, const void *pb) {
+    const trace_event_t *a = *(const trace_event_t *const *)pa;
+    const trace_event_t *b = *(const trace_event_t *const *)pb;
+    if (a->start_ns != b->start_ns) return a->start_ns < b->start_ns ? -1 : 1;
+    int64_t da = a->end_ns - a->start_ns, db = b->end_ns - b->start_ns;
+    if (da != db) return da > db ? -1 : 1;
+    return a < b ? -1 : (a > b);
+}
+
+static void view_free(xplane_view_t *v) {
+    if (v->events)
+        for (size_t l = 0; l < v->t->num_lanes; l++) free(v->events[l]);
+    free(v->events);
+    free(v->counts);
+    free(v->lane_order);
+    free(v->meta_id);
+}
+
+/* Keep events with a known name inside the window; note used names and the time base. */
+static bool collect_lane(xplane_view_t *v, size_t l, bool windowed, int64_t lo, int64_t hi) {
+    const trace_lane_t *L = &v->t->lanes[l];
+    v->events[l] = malloc((L->count ? L->count : 1) * sizeof *v->events[l]);
+    if (!v->events[l]) return false;
+    size_t n = 0;
+    for (size_t i = 0; i < L->count; i++) {
+        const trace_event_t *e = &L->events[i];
+        if (e->name_id >= v->t->num_names) continue;
+        if (windowed && (e->end_ns < lo || e->start_ns > hi)) continue;
+        v->events[l][n++] = e;
+        v->meta_id[e->name_id] = 1;
+        if (e->start_ns < v->base_mono_ns) v->base_mono_ns = e->start_ns;
+        if (e->flops > 0 && !trace_is_root_step(v->t, e)) v->any_flops = true;
+    }
+    qsort(v->events[l], n, sizeof *v->events[l], cmp_event);
+    v->counts[l] = n;
+    return true;
+}
+
+/* Lines sorted by name, as TSL's host tracer does; tid breaks ties. A qsort comparator has
+ * no context argument, so the order is built by insertion (lanes are few). */
+static void order_lines(xplane_view_t *v) {
+    const trace_lane_t *lanes = v->t->lanes;
+    v->num_lines = 0;
+    for (size_t l = 0; l < v->t->num_lanes; l++) {
+        if (v->counts[l] == 0) continue;
+        size_t j = v->num_lines++;
+        while (j > 0) {
+            const trace_lane_t *p = &lanes[v->lane_order[j - 1]];
+            int c = strcmp(p->name, lanes[l].name);
+            if (c < 0 || (c == 0 && p->tid <= lanes[l].tid)) break;
+            v->lane_order[j] = v->lane_order[j - 1];
+            j--;
+        }
+        v->lane_order[j] = l;
+    }
+}
+
+static bool view_build(xplane_view_t *v, const trace_t *t, int64_t first, int64_t last) {
+    memset(v, 0, sizeof *v);
+    v->t = t;
+    size_t nl = t->num_lanes ? t->num_lanes : 1, nn = t->num_names ? t->num_names : 1;
+    v->events = calloc(nl, sizeof *v->events);
+    v->counts = calloc(nl, sizeof *v->counts);
+    v->lane_order = calloc(nl, sizeof *v->lane_order);
+    v->meta_id = calloc(nn, sizeof *v->meta_id);
+    if (!v->events || !v->counts || !v->lane_order || !v->meta_id) return false;
+    int64_t lo = 0, hi = 0;
+    bool windowed = step_window(t, first, last, &lo, &hi);
+    v->base_mono_ns = INT64_MAX;
+    for (size_t l = 0; l < t->num_lanes; l++)
+        if (!collect_lane(v, l, windowed, lo, hi)) return false;
+    if (v->base_mono_ns == INT64_MAX) v->base_mono_ns = 0;
+    /* Metadata ids from 1 in name-id order: deterministic, and 0 stays unused. */
+    uint32_t next = 1;
+    for (size_t i = 0; i < t->num_names; i++)
+        if (v->meta_id[i]) v->meta_id[i] = next++;
+    order_lines(v);
+    return true;
+}
+
+static void put_stat_int64(pb_buf_t *b, int64_t meta_id, int64_t value) {
+    size_t m = pb_begin(b, 4);          /* XEvent.stats */
+    pb_int64(b, 1, meta_id);
+    pb_int64(b, 4, value);              /* int64_value: oneof, written even when 0 */
+    pb_end(b, m);
+}
+
+static void put_event(pb_buf_t *b, const xplane_view_t *v, const trace_event_t *e) {
+    size_t m = pb_begin(b, 4);          /* XLine.events */
+    pb_int64(b, 1, v->meta_id[e->name_id]);
+    pb_int64(b, 2, (e->start_ns - v->base_mono_ns) * 1000);   /* offset_ps: oneof, always */
+    pb_opt_int64(b, 3, (e->end_ns - e->start_ns) * 1000);
+    if (trace_is_root_step(v->t, e)) {
+        put_stat_int64(b, STAT_R, 1);
+        put_stat_int64(b, STAT_STEP_NUM, e->step_num);
+    } else if (e->flops > 0) {
+        size_t s = pb_begin(b, 4);
+        pb_int64(b, 1, STAT_FLOPS);
+        pb_uint64(b, 3, (uint64_t)(e->flops + 0.5));   /* uint64_value */
+        pb_end(b, s);
+    }
+    pb_end(b, m);
+}
+
+static void put_line(pb_buf_t *b, const xplane_view_t *v, size_t lane) {
+    const trace_lane_t *L = &v->t->lanes[lane];
+    size_t m = pb_begin(b, 3);          /* XPlane.lines */
+    pb_opt_int64(b, 1, L->tid);
+    pb_opt_string(b, 2, L->name);
+    pb_opt_int64(b, 3, v->base_mono_ns + v->t->wall_minus_mono_ns);   /* epoch ns */
+    for (size_t i = 0; i < v->counts[lane]; i++) put_event(b, v, v->events[lane][i]);
+    pb_end(b, m);
+}
+
+/* map<int64, M> entry: {key=1, value=2 {id=1, name=2}}. Both metadata kinds share this shape. */
+static void put_metadata_entry(pb_buf_t *b, uint32_t field, int64_t id, const char *name) {
+    size_t entry = pb_begin(b, field);
+    pb_int64(b, 1, id);
+    size_t value = pb_begin(b, 2);
+    pb_opt_int64(b, 1, id);
+    pb_opt_string(b, 2, name);
+    pb_end(b, value);
+    pb_end(b, entry);
+}
+
+static void put_plane(pb_buf_t *b, const xplane_view_t *v) {
+    size_t m = pb_begin(b, 1);          /* XSpace.planes */
+    /* id 0 is the proto3 default and is left out. */
+    pb_string(b, 2, "/host:CPU");
+    for (size_t i = 0; i < v->num_lines; i++) put_line(b, v, v->lane_order[i]);
+    for (size_t i = 0; i < v->t->num_names; i++)   /* ids ascend with name id: sorted by key */
+        if (v->meta_id[i]) put_metadata_entry(b, 4, v->meta_id[i], v->t->names[i].name);
+    put_metadata_entry(b, 5, STAT_R, "_r");
+    put_metadata_entry(b, 5, STAT_STEP_NUM, "step_num");
+    if (v->any_flops) put_metadata_entry(b, 5, STAT_FLOPS, "flops");
+    pb_end(b, m);
+}
+
+int xplane_encode(const trace_t *t, const char *hostname, int64_t first_step, int64_t last_step,
+                  pb_buf_t *out, char *err, size_t errlen) {
+    xplane_view_t v;
+    bool ok = view_build(&v, t, first_step, last_step);
+    if (ok) {
+        put_plane(out, &v);
+        pb_string(out, 4, hostname && hostname[0] ? hostname : "localhost");
+        ok = pb_ok(out);
+    }
+    view_free(&v);
+    if (!ok) snprintf(err, errlen, "xplane: out of memory");
+    return ok ? 0 : -1;
+}
+
+int xplane_write(const trace_t *t, const char *path, const char *hostname, int64_t first_step,
+                 int64_t last_step, char *err, size_t errlen) {
+    pb_buf_t b;
+    pb_init(&b);
+    int rc = xplane_encode(t, hostname, first_step, last_step, &b, err, errlen);
+    if (rc == 0) rc = atomic_write_file(path, b.data, b.len, err, errlen);
+    pb_free(&b);
+    return rc;
+}

@@ -1,0 +1,32 @@
+/* xplane: writes a trace as an XProf XSpace (<host>.xplane.pb), the file XProf and the
+ * TensorBoard profile plugin open. Layout: hostnames=[host]; one plane, id 0, "/host:CPU";
+ * one XLine per non-empty lane (id = tid, name = lane name, timestamp_ns = epoch ns of the
+ * earliest written event, the same for every line), lines sorted by name; events sorted by
+ * start, then longer first, so parents precede children; offsets and durations in ps. Root
+ * step spans carry stats _r = 1 and step_num = N (int64, which XProf's IntValue needs), so
+ * XProf shows them as steps "train N"; other spans with flops > 0 carry "flops" (uint64).
+ * Fields are written in field-number order and map entries by key, so the bytes equal
+ * protobuf's deterministic serialization. */
+#ifndef STEPSCOPE_XPLANE_H
+#define STEPSCOPE_XPLANE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "profile/pb.h"
+#include "profile/trace.h"
+
+/* Step window: with 0 <= first_step <= last_step, only events overlapping the time from the
+ * start of the first root step numbered in [first_step, last_step] to the end of the last
+ * such step are written (data-thread spans that straddle the edge included). With
+ * first_step < 0, or no root step in range, every recorded event is written. */
+
+/* Serialize to out (appended). The epoch base is the earliest written event's start plus
+ * t->wall_minus_mono_ns, so tests pin timestamp_ns by setting that field. 0, or -1 + err. */
+int xplane_encode(const trace_t *t, const char *hostname, int64_t first_step, int64_t last_step,
+                  pb_buf_t *out, char *err, size_t errlen);
+/* Encode and write path atomically (whole file or none). 0, or -1 + err. */
+int xplane_write(const trace_t *t, const char *path, const char *hostname, int64_t first_step,
+                 int64_t last_step, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,88 @@
+#include "train/state.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/arena.h"
+
+static float *alloc_floats(uint64_t bytes, const char *what, char *err, size_t errlen) {
+    return arena_alloc((size_t)bytes, what, err, errlen);
+}
+
+int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan, trace_t *trace,
+                       char *err, size_t errlen) {
+    memset(s, 0, sizeof *s);
+    s->plan = *plan;
+    s->trace = trace;
+    const qwen3_dims_t *d = &plan->dims;
+    int64_t n = plan->num_params;
+    uint64_t nb = (uint64_t)n * sizeof(float);
+    if (!(s->params = alloc_floats(plan->params_bytes, "parameters", err, errlen)) ||
+        !(s->grads = alloc_floats(plan->grads_bytes, "gradients", err, errlen)) ||
+        !(s->adam_m = alloc_floats(plan->optimizer_bytes, "optimizer state", err, errlen)) ||
+        !(s->acts = alloc_floats(plan->activations_bytes, "saved activations", err, errlen)) ||
+        !(s->scratch = alloc_floats(plan->scratch_bytes, "scratch", err, errlen))) {
+        train_state_destroy(s);
+        return 1;
+    }
+    /* The optimizer allocation holds m, then v, then the norm partials. */
+    s->adam_v = s->adam_m + n;
+    s->norm_partials = (double *)((char *)s->adam_m + 2 * nb);
+    if (!(s->gemm = gemm_create(err, errlen))) {
+        train_state_destroy(s);
+        return 1;
+    }
+    if (cfg->load_parameters_path[0]) {
+        if (qwen3_load_safetensors(s->params, d, cfg->load_parameters_path, err, errlen) != 0) {
+            train_state_destroy(s);
+            return 1;
+        }
+    } else {
+        qwen3_init_params(s->params, d, (uint64_t)cfg->init_weights_seed);
+    }
+    qwen3_options_t opt = {.num_threads = plan->num_threads, .remat_full = plan->remat_full,
+                           .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
+                           .trace = trace};
+    if (!(s->model = qwen3_create(d, &opt, s->params, s->grads, s->acts, s->scratch, s->gemm, err, errlen))) {
+        train_state_destroy(s);
+        return 1;
+    }
+    s->adam = (adamw_hparams_t){.lr = (float)cfg->learning_rate, .b1 = (float)cfg->adam_b1,
+                                .b2 = (float)cfg->adam_b2, .eps = (float)cfg->adam_eps,
+                                .weight_decay = (float)cfg->adam_weight_decay};
+    s->clip = cfg->gradient_clipping_threshold;
+    if (trace) {
+        s->span_optimizer = trace_intern(trace, "optimizer", TRACE_CAT_PHASE, NULL);
+        s->span_grad_norm = trace_intern(trace, "grad_norm", TRACE_CAT_OPTIMIZER, "optimizer");
+        s->span_adamw = trace_intern(trace, "adamw_update", TRACE_CAT_OPTIMIZER, "optimizer");
+    }
+    return 0;
+}
+
+void train_state_destroy(train_state_t *s) {
+    qwen3_destroy(s->model);
+    gemm_destroy(s->gemm);
+    arena_free(s->params, s->plan.params_bytes);
+    arena_free(s->grads, s->plan.grads_bytes);
+    arena_free(s->adam_m, s->plan.optimizer_bytes);
+    arena_free(s->acts, s->plan.activations_bytes);
+    arena_free(s->scratch, s->plan.scratch_bytes);
+    memset(s, 0, sizeof *s);
+}
+
+void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
+    int64_t n = s->plan.num_params;
+    out->loss = qwen3_forward_backward(s->model, tokens);
+    int64_t opt_span = trace_begin(s->trace);
+    int64_t t0 = trace_begin(s->trace);
+    out->raw_grad_norm = sqrt(adamw_sum_squares(s->grads, n, s->norm_partials));
+    trace_end(s->trace, 0, s->span_grad_norm, t0, 2.0 * (double)n);
+    float scale = adamw_clip_scale(out->raw_grad_norm, s->clip);
+    out->grad_norm = out->raw_grad_norm * scale;
+    s->updates_done++;
+    t0 = trace_begin(s->trace);
+    adamw_update(s->params, s->adam_m, s->adam_v, s->grads, n, s->updates_done, scale, &s->adam);
+    trace_end(s->trace, 0, s->span_adamw, t0, 0);
+    trace_end(s->trace, 0, s->span_optimizer, opt_span, 0);
+}

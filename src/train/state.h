@@ -1,0 +1,46 @@
+/* state: the buffers and objects of one training run, built from the plan: the arena's
+ * parameters, gradients, AdamW moments, activations and scratch, the GEMM context and the
+ * model bound to them, plus the step that runs forward, backward and the optimizer. */
+#ifndef STEPSCOPE_STATE_H
+#define STEPSCOPE_STATE_H
+
+#include <stdint.h>
+
+#include "config/config.h"
+#include "kernels/adamw.h"
+#include "kernels/gemm.h"
+#include "model/qwen3.h"
+#include "plan/plan.h"
+#include "profile/trace.h"
+
+typedef struct train_state {
+    plan_t plan;
+    float *params, *grads, *adam_m, *adam_v;
+    double *norm_partials;
+    float *acts, *scratch;
+    gemm_ctx_t *gemm;
+    qwen3_model_t *model;
+    adamw_hparams_t adam;
+    double clip;
+    int64_t updates_done;
+    trace_t *trace;
+    uint32_t span_optimizer, span_grad_norm, span_adamw;
+} train_state_t;
+
+typedef struct step_result {
+    double loss;
+    double raw_grad_norm; /* before clipping */
+    double grad_norm;     /* after clipping */
+} step_result_t;
+
+/* Allocate from the plan, then load parameters (load_parameters_path) or initialise them
+ * from init_weights_seed. Non-zero with one line in err on failure (nothing left allocated). */
+int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan, trace_t *trace,
+                       char *err, size_t errlen);
+void train_state_destroy(train_state_t *s);
+
+/* One training step on tokens [B, S+1]: forward, loss, backward, global-norm clipping and
+ * AdamW. Runs on the calling thread's OpenMP team. */
+void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out);
+
+#endif

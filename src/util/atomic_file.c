@@ -1,0 +1,119 @@
+/* atomic_file: temp file + fsync + rename + directory fsync, see atomic_file.h. */
+#include "util/atomic_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* fsync the directory holding path, so the rename itself survives a crash. */
+static int fsync_parent_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    /* Some filesystems cannot fsync a directory; the rename is still done. */
+    if (rc != 0 && (errno == EINVAL || errno == ENOTSUP)) rc = 0;
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+static int fail(char *err, size_t errlen, const char *what, const char *path, int e) {
+    if (err && errlen) snprintf(err, errlen, "%s %s: %s", what, path, strerror(e));
+    return -1;
+}
+
+/* Flush stdio, fsync and close; the first error wins. */
+static int finish_file(FILE *f, const char *tmp, char *err, size_t errlen) {
+    int e = 0;
+    if (fflush(f) != 0) e = errno;
+    if (!e && fsync(fileno(f)) != 0) e = errno;
+    if (fclose(f) != 0 && !e) e = errno;
+    return e ? fail(err, errlen, "cannot write", tmp, e) : 0;
+}
+
+int atomic_write_with(const char *path, atomic_writer_fn fn, void *ctx, char *err, size_t errlen) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return fail(err, errlen, "path too long:", path, ENAMETOOLONG);
+    FILE *f = fopen(tmp, "wbx");
+    if (!f && errno == EEXIST) {   /* a leftover from a crashed run with our pid */
+        unlink(tmp);
+        f = fopen(tmp, "wbx");
+    }
+    if (!f) return fail(err, errlen, "cannot create", tmp, errno);
+    if (fn(f, ctx, err, errlen) != 0) {
+        fclose(f);
+        unlink(tmp);
+        return -1;
+    }
+    if (finish_file(f, tmp, err, errlen) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return fail(err, errlen, "cannot rename temp file to", path, e);
+    }
+    if (fsync_parent_dir(path) != 0) return fail(err, errlen, "cannot fsync directory of", path, errno);
+    return 0;
+}
+
+typedef struct { const void *data; size_t len; } blob_t;
+
+static int write_blob(FILE *f, void *ctx, char *err, size_t errlen) {
+    const blob_t *b = ctx;
+    if (b->len && fwrite(b->data, 1, b->len, f) != b->len) {
+        if (err && errlen) snprintf(err, errlen, "short write: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int atomic_write_file(const char *path, const void *data, size_t len, char *err, size_t errlen) {
+    blob_t b = {data, len};
+    return atomic_write_with(path, write_blob, &b, err, errlen);
+}
+
+static int mkdir_one(const char *p) {
+    if (mkdir(p, 0777) == 0) return 0;
+    int e = errno;
+    struct stat st;
+    if (e == EEXIST && stat(p, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return 0;
+        errno = ENOTDIR;
+        return -1;
+    }
+    errno = e;
+    return -1;
+}
+
+int mkdir_p(const char *path) {
+    if (!path || !path[0]) { errno = ENOENT; return -1; }
+    size_t n = strlen(path);
+    char *p = malloc(n + 1);
+    if (!p) return -1;
+    memcpy(p, path, n + 1);
+    int rc = 0;
+    /* Create each prefix ending before a '/', then the whole path. */
+    for (size_t i = 1; i < n && rc == 0; i++) {
+        if (p[i] != '/' || p[i - 1] == '/') continue;
+        p[i] = '\0';
+        rc = mkdir_one(p);
+        p[i] = '/';
+    }
+    if (rc == 0) rc = mkdir_one(p);
+    int e = errno;
+    free(p);
+    errno = e;
+    return rc;
+}

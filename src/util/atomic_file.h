@@ -1,0 +1,24 @@
+/* atomic_file: write a file whole or not at all. The bytes go to "<path>.tmp.<pid>", are
+ * flushed and fsynced, then renamed over path and the directory is fsynced, so a reader (or
+ * a crash) sees either the old file or the complete new one, never a torn one. On any
+ * failure the temp file is unlinked and a message naming the path and the cause is left in
+ * err. Also mkdir_p. */
+#ifndef STEPSCOPE_ATOMIC_FILE_H
+#define STEPSCOPE_ATOMIC_FILE_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* Writes the file's content to f; returns 0, or -1 after putting a message in err. */
+typedef int (*atomic_writer_fn)(FILE *f, void *ctx, char *err, size_t errlen);
+
+/* Write len bytes of data as the whole content of path. 0 on success, -1 with err set. */
+int atomic_write_file(const char *path, const void *data, size_t len, char *err, size_t errlen);
+/* Streaming form for large outputs: fn writes into the temp file. Same guarantees. */
+int atomic_write_with(const char *path, atomic_writer_fn fn, void *ctx, char *err, size_t errlen);
+
+/* mkdir -p: create path and missing parents (mode 0777 & ~umask). 0 if it exists or was
+ * created, -1 with errno set otherwise (ENOTDIR if a component is a file). */
+int mkdir_p(const char *path);
+
+#endif

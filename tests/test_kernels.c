@@ -1,0 +1,1098 @@
+/* test_kernels: every kernel of src/kernels against a reference. Tuned kernels are compared
+ * with their naive or double-precision references; every backward is compared with central
+ * finite differences of L = Σ out ⊙ R for a fixed random R; the reductions that promise
+ * thread-count independence are compared bit for bit at 1 and 2 threads. Fixed seeds; the
+ * binary runs in well under ten seconds. TEST_VERBOSE=1 prints each measured error beside
+ * its bound.
+ *
+ * Tolerances, in units of the float epsilon ε = 2^-23 ≈ 1.2e-7 (a rounding is ≤ ε/2):
+ *   - a float sum of n terms errs by at most ~n·ε/2 of Σ|terms|, typically √n·ε/2;
+ *   - a central difference with step h errs by h²/6·|f'''| (truncation) plus
+ *     ~δ/h, δ the rounding of the loss evaluated in float (cancellation).
+ * Each bound below says which of these it rests on. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/embed.h"
+#include "kernels/gemm.h"
+#include "kernels/microgemm.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#include "kernels/vecmath.h"
+#include "kernels/xent.h"
+#include "test_util.h"
+
+/* A sentinel for padding and for outputs that must be written, not accumulated. */
+static const float SENTINEL = 777.25f;
+
+/* Fails with the measured value when it exceeds its bound (NaN fails too). */
+#define CHECK_LE(what, value, bound)                                                           \
+    do {                                                                                       \
+        double v_ = (value), b_ = (bound);                                                     \
+        report((what), v_, b_);                                                                \
+        if (!(v_ <= b_)) fail_msg("%s: %.3e exceeds %.1e", (what), v_, b_);                    \
+    } while (0)
+
+/* The thread count in force when the binary started; tests that change it restore it. */
+static int g_threads0;
+
+/* ================================ gemm ================================ */
+
+static gemm_ctx_t *new_gemm(void) {
+    char err[256] = "";
+    gemm_ctx_t *g = gemm_create(err, sizeof err);
+    if (!g) fail_msg("gemm_create: %s", err);
+    return g;
+}
+
+/* One gemm_f32 call against gemm_f32_naive on the same inputs: storage with leading dims
+ * pad wider than the matrices, C padding filled with a sentinel that must survive, and for
+ * accumulate a random starting C. Returns the relative Frobenius error. */
+static double gemm_case(gemm_ctx_t *g, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                        int64_t pad, bool acc, test_rng_t *rng) {
+    int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, lda = a_cols + pad;
+    int64_t b_rows = tb ? N : K, b_cols = tb ? K : N, ldb = b_cols + pad;
+    int64_t ldc = N + pad;
+    float *A = falloc((size_t)(a_rows * lda)), *B = falloc((size_t)(b_rows * ldb));
+    float *C = falloc((size_t)(M * ldc)), *Cref = falloc((size_t)(M * ldc));
+    fill_uniform(A, (size_t)(a_rows * lda), rng, -1.0f, 1.0f);
+    fill_uniform(B, (size_t)(b_rows * ldb), rng, -1.0f, 1.0f);
+    fill_const(C, (size_t)(M * ldc), SENTINEL);
+    for (int64_t i = 0; i < M; i++) fill_uniform(C + i * ldc, (size_t)N, rng, -1.0f, 1.0f);
+    memcpy(Cref, C, (size_t)(M * ldc) * sizeof(float));
+    gemm_f32(g, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc);
+    gemm_f32_naive(ta, tb, M, N, K, A, lda, B, ldb, Cref, ldc, acc);
+    double err = rel_err_2d(C, ldc, Cref, ldc, M, N);
+    if (!padding_intact(C, M, N, ldc, SENTINEL))
+        fail_msg("gemm ta=%d tb=%d %ldx%ldx%ld wrote into C's padding", ta, tb, (long)M, (long)N, (long)K);
+    free(A), free(B), free(C), free(Cref);
+    return err;
+}
+
+/* fp32 products summed over K ≤ 300 terms: the error per element is ~√K·ε/2 of Σ|a·b|, and
+ * for random signs Σ|a·b| ≈ √K·|Σ a·b|, so the Frobenius error is ~K·ε/2 ≤ 2e-5 at worst
+ * and ~1e-6 in practice (oneDNN blocks K); the naive reference sums in double. */
+static void test_gemm_vs_naive(void **state) {
+    (void)state;
+    static const int64_t shapes[][3] = {{37, 53, 29}, {1, 1, 1}, {64, 48, 300}, {17, 5, 3}, {3, 130, 64}};
+    test_rng_t rng = {1};
+    gemm_ctx_t *g = new_gemm();
+    double worst = 0.0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int acc = 0; acc < 2; acc++)
+                    for (int64_t pad = 0; pad <= 7; pad += 7) {
+                        double e = gemm_case(g, ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], pad, acc, &rng);
+                        if (!(e < 1e-5))
+                            fail_msg("gemm ta=%d tb=%d acc=%d pad=%ld %ldx%ldx%ld: rel err %.3e", ta, tb, acc,
+                                     (long)pad, (long)shapes[s][0], (long)shapes[s][1], (long)shapes[s][2], e);
+                        worst = e > worst ? e : worst;
+                    }
+    CHECK_LE("gemm vs naive, worst rel Frobenius", worst, 1e-5);
+    gemm_destroy(g);
+}
+
+/* K = 0: C = 0 when writing, untouched when accumulating (an empty sum). */
+static void test_gemm_empty_k(void **state) {
+    (void)state;
+    gemm_ctx_t *g = new_gemm();
+    float C[6] = {1, 2, 3, 4, 5, 6}, A[1] = {0}, B[1] = {0};
+    gemm_f32(g, false, false, 2, 3, 0, A, 1, B, 3, C, 3, true);
+    for (int i = 0; i < 6; i++) assert_true(C[i] == (float)(i + 1));
+    gemm_f32(g, false, false, 2, 3, 0, A, 1, B, 3, C, 3, false);
+    for (int i = 0; i < 6; i++) assert_true(C[i] == 0.0f);
+    gemm_destroy(g);
+}
+
+/* The cache: a repeated shape reuses its primitive (and still reads the new pointers); any
+ * change of the key (shape, transposes, accumulate, leading dims) makes a new one. */
+static void test_gemm_caches_primitives(void **state) {
+    (void)state;
+    test_rng_t rng = {2};
+    gemm_ctx_t *g = new_gemm();
+    assert_int_equal(gemm_num_primitives(g), 0);
+    gemm_case(g, false, true, 37, 53, 29, 0, false, &rng);
+    assert_int_equal(gemm_num_primitives(g), 1);
+    for (int rep = 0; rep < 3; rep++) { /* new buffers each time: results must still match */
+        double e = gemm_case(g, false, true, 37, 53, 29, 0, false, &rng);
+        assert_true(e < 1e-5);
+    }
+    assert_int_equal(gemm_num_primitives(g), 1);
+    gemm_case(g, false, true, 37, 53, 29, 0, true, &rng); /* accumulate */
+    assert_int_equal(gemm_num_primitives(g), 2);
+    gemm_case(g, false, true, 37, 53, 29, 4, false, &rng); /* leading dims */
+    assert_int_equal(gemm_num_primitives(g), 3);
+    gemm_case(g, true, true, 37, 53, 29, 0, false, &rng); /* transpose */
+    assert_int_equal(gemm_num_primitives(g), 4);
+    gemm_case(g, false, true, 38, 53, 29, 0, false, &rng); /* shape */
+    assert_int_equal(gemm_num_primitives(g), 5);
+    /* Interleaved repeats of all of them: no growth. */
+    for (int rep = 0; rep < 2; rep++) {
+        gemm_case(g, false, true, 38, 53, 29, 0, false, &rng);
+        gemm_case(g, false, true, 37, 53, 29, 0, false, &rng);
+        gemm_case(g, true, true, 37, 53, 29, 0, false, &rng);
+        gemm_case(g, false, true, 37, 53, 29, 0, true, &rng);
+        gemm_case(g, false, true, 37, 53, 29, 4, false, &rng);
+    }
+    assert_int_equal(gemm_num_primitives(g), 5);
+    gemm_destroy(g);
+}
+
+/* ============================== microgemm ============================== */
+
+/* microgemm against a double loop. A is stored plainly ([M, K], row stride K+3) or
+ * transposed ([K, M], row stride M+2, so rsa = 1, csa = M+2); C rows have 4 padding floats
+ * that the masked tail stores must not touch. K ≤ 64 float FMAs per element: error
+ * ≤ K·ε/2·Σ|a·b| ≈ 4e-6 of Σ|a·b| worst case, far less norm-wise; bound 1e-5. */
+static double microgemm_case(int64_t M, int64_t N, int64_t K, float alpha, bool trans_a, bool acc,
+                             test_rng_t *rng) {
+    int64_t lda = trans_a ? M + 2 : K + 3, a_rows = trans_a ? K : M;
+    int64_t rsa = trans_a ? 1 : lda, csa = trans_a ? lda : 1;
+    int64_t ldb = N + 5, ldc = N + 4;
+    float *A = falloc((size_t)(a_rows * lda)), *B = falloc((size_t)(K * ldb));
+    float *C = falloc((size_t)(M * ldc)), *C0 = falloc((size_t)(M * ldc));
+    double *ref = dalloc((size_t)(M * N));
+    fill_uniform(A, (size_t)(a_rows * lda), rng, -1.0f, 1.0f);
+    fill_uniform(B, (size_t)(K * ldb), rng, -1.0f, 1.0f);
+    fill_const(C, (size_t)(M * ldc), SENTINEL);
+    for (int64_t i = 0; i < M; i++) fill_uniform(C + i * ldc, (size_t)N, rng, -1.0f, 1.0f);
+    memcpy(C0, C, (size_t)(M * ldc) * sizeof(float));
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; k++) s += (double)A[i * rsa + k * csa] * B[k * ldb + j];
+            ref[i * N + j] = alpha * s + (acc ? C0[i * ldc + j] : 0.0);
+        }
+    microgemm(M, N, K, alpha, A, rsa, csa, B, ldb, C, ldc, acc);
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double d = C[i * ldc + j] - ref[i * N + j];
+            num += d * d;
+            den += ref[i * N + j] * ref[i * N + j];
+        }
+    if (!padding_intact(C, M, N, ldc, SENTINEL))
+        fail_msg("microgemm M=%ld N=%ld K=%ld trans_a=%d wrote past N", (long)M, (long)N, (long)K, trans_a);
+    free(A), free(B), free(C), free(C0), free(ref);
+    return sqrt(num / den);
+}
+
+static void test_microgemm_vs_naive(void **state) {
+    (void)state;
+    /* M around the 4-row tile, N around the 16- and 32-column tiles and below 16. */
+    static const int64_t Ms[] = {1, 3, 4, 5, 9}, Ns[] = {1, 7, 15, 16, 17, 31, 32, 33, 50, 64, 70};
+    static const int64_t Ks[] = {1, 5, 24};
+    test_rng_t rng = {3};
+    double worst = 0.0;
+    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+            for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+                for (int ta = 0; ta < 2; ta++)
+                    for (int acc = 0; acc < 2; acc++) {
+                        float alpha = acc ? 0.375f : 1.0f;
+                        double e = microgemm_case(Ms[mi], Ns[ni], Ks[ki], alpha, ta, acc, &rng);
+                        if (!(e < 1e-5))
+                            fail_msg("microgemm M=%ld N=%ld K=%ld trans_a=%d acc=%d: rel err %.3e", (long)Ms[mi],
+                                     (long)Ns[ni], (long)Ks[ki], ta, acc, e);
+                        worst = e > worst ? e : worst;
+                    }
+    /* Attention-like blocks: a full query block against a ragged key extent. */
+    for (int ta = 0; ta < 2; ta++) {
+        double e = microgemm_case(64, 130, 64, 0.125f, ta, ta, &rng);
+        worst = e > worst ? e : worst;
+        e = microgemm_case(70, 24, 130, 1.0f, ta, !ta, &rng);
+        worst = e > worst ? e : worst;
+    }
+    CHECK_LE("microgemm vs double, worst rel Frobenius", worst, 1e-5);
+}
+
+/* =============================== rmsnorm =============================== */
+
+typedef struct rms_case {
+    int64_t T, G, N, ld_in, ld_out, ld_dout, ld_dinp;
+} rms_case_t;
+
+static const rms_case_t RMS_CASES[] = {
+    {5, 1, 130, 137, 133, 131, 139}, /* a layer norm: G = 1, three dweight column blocks */
+    {4, 3, 16, 51, 53, 55, 49},      /* per-head norms: G = 3 heads of 16 in wider rows */
+};
+
+typedef struct rms_ctx {
+    const rms_case_t *c;
+    float *out, *rstd, *inp, *weight, *R;
+} rms_ctx_t;
+
+static double rms_loss(void *p) {
+    rms_ctx_t *x = p;
+    const rms_case_t *c = x->c;
+    rmsnorm_forward(x->out, c->ld_out, x->rstd, x->inp, c->ld_in, x->weight, c->T, c->G, c->N, 1e-6f);
+    return dot_2d(x->out, c->ld_out, x->R, c->ld_dout, c->T, c->G * c->N);
+}
+
+/* Forward against double: mean(x²) sums N ≤ 130 float squares (≤ N·ε/2 ≈ 8e-6 relative,
+ * half of it on rstd), then two roundings per output; bound 1e-5. */
+static void test_rmsnorm_forward(void **state) {
+    (void)state;
+    test_rng_t rng = {10};
+    for (size_t ci = 0; ci < sizeof RMS_CASES / sizeof RMS_CASES[0]; ci++) {
+        const rms_case_t *c = &RMS_CASES[ci];
+        int64_t T = c->T, G = c->G, N = c->N;
+        float *inp = falloc((size_t)(T * c->ld_in)), *out = falloc((size_t)(T * c->ld_out));
+        float *w = falloc((size_t)N), *rstd = falloc((size_t)(T * G));
+        fill_uniform(inp, (size_t)(T * c->ld_in), &rng, -1.0f, 1.0f);
+        fill_uniform(w, (size_t)N, &rng, 0.5f, 1.5f);
+        fill_const(out, (size_t)(T * c->ld_out), SENTINEL);
+        const float eps = 1e-6f;
+        rmsnorm_forward(out, c->ld_out, rstd, inp, c->ld_in, w, T, G, N, eps);
+        double num = 0, den = 0, rnum = 0, rden = 0;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t g = 0; g < G; g++) {
+                const float *x = inp + t * c->ld_in + g * N;
+                double ss = 0;
+                for (int64_t i = 0; i < N; i++) ss += (double)x[i] * x[i];
+                double s = 1.0 / sqrt(ss / (double)N + eps);
+                rnum += (rstd[t * G + g] - s) * (rstd[t * G + g] - s);
+                rden += s * s;
+                for (int64_t i = 0; i < N; i++) {
+                    double y = x[i] * s * w[i], d = out[t * c->ld_out + g * N + i] - y;
+                    num += d * d;
+                    den += y * y;
+                }
+            }
+        CHECK_LE("rmsnorm forward vs double", sqrt(num / den), 1e-5);
+        CHECK_LE("rmsnorm rstd vs double", sqrt(rnum / rden), 1e-5);
+        assert_true(padding_intact(out, T, G * N, c->ld_out, SENTINEL));
+        free(inp), free(out), free(w), free(rstd);
+    }
+}
+
+/* Backward against central differences of L = Σ out ⊙ R, for every input and weight.
+ * h = 1e-2: truncation h²/6·|f'''| with |f'''| ~ rstd³ ≲ 10 for rms ≈ 0.58 gives ~2e-4 of
+ * a gradient entry at worst; the float rounding of the ≤ 130 outputs a step moves adds
+ * ~√130·ε/2·|R|/(2h) ≈ 3e-5. Bound 1e-3. The weight gradient is linear in w, so only the
+ * rounding term applies there. Then the accumulate flags: dinp += and dweight +=. */
+static void test_rmsnorm_backward_fd(void **state) {
+    (void)state;
+    test_rng_t rng = {11};
+    for (size_t ci = 0; ci < sizeof RMS_CASES / sizeof RMS_CASES[0]; ci++) {
+        const rms_case_t *c = &RMS_CASES[ci];
+        int64_t T = c->T, G = c->G, N = c->N, W = G * N;
+        rms_ctx_t x = {.c = c};
+        x.inp = falloc((size_t)(T * c->ld_in));
+        x.out = falloc((size_t)(T * c->ld_out));
+        x.rstd = falloc((size_t)(T * G));
+        x.weight = falloc((size_t)N);
+        x.R = falloc((size_t)(T * c->ld_dout));
+        fill_uniform(x.inp, (size_t)(T * c->ld_in), &rng, -1.0f, 1.0f);
+        fill_uniform(x.weight, (size_t)N, &rng, 0.5f, 1.5f);
+        fill_uniform(x.R, (size_t)(T * c->ld_dout), &rng, -1.0f, 1.0f);
+        float *dinp = falloc((size_t)(T * c->ld_dinp)), *dw = falloc((size_t)N);
+        fill_const(dinp, (size_t)(T * c->ld_dinp), SENTINEL);
+        fill_const(dw, (size_t)N, 0.0f);
+        rms_loss(&x); /* rstd for the backward */
+        rmsnorm_backward(dinp, c->ld_dinp, false, dw, x.R, c->ld_dout, x.inp, c->ld_in, x.weight, x.rstd, T, G, N);
+        assert_true(padding_intact(dinp, T, W, c->ld_dinp, SENTINEL));
+
+        /* fd_check reads the gradient at the input's index: lay dinp out with ld_in. */
+        float *g_in = falloc((size_t)(T * c->ld_in));
+        for (int64_t t = 0; t < T; t++) memcpy(g_in + t * c->ld_in, dinp + t * c->ld_dinp, (size_t)W * sizeof(float));
+        size_t n;
+        size_t *idx = block_indices(T, W, c->ld_in, &n);
+        CHECK_LE(G == 1 ? "rmsnorm dinp vs FD (G=1)" : "rmsnorm dinp vs FD (G>1)",
+                 fd_check(x.inp, idx, n, g_in, 1e-2, rms_loss, &x), 1e-3);
+        free(idx);
+        idx = block_indices(1, N, N, &n);
+        CHECK_LE("rmsnorm dweight vs FD", fd_check(x.weight, idx, n, dw, 1e-2, rms_loss, &x), 1e-3);
+        free(idx);
+
+        /* Accumulate flags: from random D0 and W0, dinp = D0 + grad and dweight = W0 + grad,
+         * up to the one rounding of the final add (≤ ε/2 of the sum; bound 1e-6). */
+        rms_loss(&x);
+        float *D0 = falloc((size_t)(T * c->ld_dinp)), *dinp2 = falloc((size_t)(T * c->ld_dinp));
+        float *W0 = falloc((size_t)N), *dw2 = falloc((size_t)N), *dw_ref = falloc((size_t)N);
+        fill_uniform(D0, (size_t)(T * c->ld_dinp), &rng, -1.0f, 1.0f);
+        fill_uniform(W0, (size_t)N, &rng, -1.0f, 1.0f);
+        memcpy(dinp2, D0, (size_t)(T * c->ld_dinp) * sizeof(float));
+        memcpy(dw2, W0, (size_t)N * sizeof(float));
+        rmsnorm_backward(dinp2, c->ld_dinp, true, dw2, x.R, c->ld_dout, x.inp, c->ld_in, x.weight, x.rstd, T, G, N);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t i = 0; i < c->ld_dinp; i++) {
+                size_t k = (size_t)(t * c->ld_dinp + i);
+                D0[k] = i < W ? D0[k] + dinp[k] : D0[k]; /* padding: untouched */
+            }
+        for (int64_t i = 0; i < N; i++) dw_ref[i] = W0[i] + dw[i];
+        CHECK_LE("rmsnorm accumulate_dinp adds", rel_err(dinp2, D0, (size_t)(T * c->ld_dinp)), 1e-6);
+        CHECK_LE("rmsnorm dweight accumulates", rel_err(dw2, dw_ref, (size_t)N), 1e-6);
+        free(D0), free(dinp2), free(W0), free(dw2), free(dw_ref), free(g_in);
+        free(x.inp), free(x.out), free(x.rstd), free(x.weight), free(x.R), free(dinp), free(dw);
+    }
+}
+
+/* In place (out == inp, dinp == dout, same row stride) runs the same arithmetic in the same
+ * order as out of place, so the results are identical bit for bit. */
+static void test_rmsnorm_in_place(void **state) {
+    (void)state;
+    test_rng_t rng = {12};
+    for (size_t ci = 0; ci < sizeof RMS_CASES / sizeof RMS_CASES[0]; ci++) {
+        const rms_case_t *c = &RMS_CASES[ci];
+        int64_t T = c->T, G = c->G, N = c->N, ld = c->ld_in;
+        size_t n = (size_t)(T * ld);
+        float *inp = falloc(n), *out = falloc(n), *buf = falloc(n), *w = falloc((size_t)N);
+        float *rstd = falloc((size_t)(T * G)), *rstd2 = falloc((size_t)(T * G));
+        fill_uniform(inp, n, &rng, -1.0f, 1.0f);
+        fill_uniform(w, (size_t)N, &rng, 0.5f, 1.5f);
+        memcpy(out, inp, n * sizeof(float)); /* same padding in both */
+        memcpy(buf, inp, n * sizeof(float));
+        rmsnorm_forward(out, ld, rstd, inp, ld, w, T, G, N, 1e-6f);
+        rmsnorm_forward(buf, ld, rstd2, buf, ld, w, T, G, N, 1e-6f);
+        assert_memory_equal(out, buf, n * sizeof(float));
+        assert_memory_equal(rstd, rstd2, (size_t)(T * G) * sizeof(float));
+
+        float *dout = falloc(n), *dinp = falloc(n), *dw = falloc((size_t)N), *dw2 = falloc((size_t)N);
+        fill_uniform(dout, n, &rng, -1.0f, 1.0f);
+        memcpy(dinp, dout, n * sizeof(float));
+        memcpy(buf, dout, n * sizeof(float));
+        fill_const(dw, (size_t)N, 0.5f);
+        fill_const(dw2, (size_t)N, 0.5f);
+        rmsnorm_backward(dinp, ld, false, dw, dout, ld, inp, ld, w, rstd, T, G, N);
+        rmsnorm_backward(buf, ld, false, dw2, buf, ld, inp, ld, w, rstd, T, G, N);
+        assert_memory_equal(dinp, buf, n * sizeof(float));
+        assert_memory_equal(dw, dw2, (size_t)N * sizeof(float));
+        free(inp), free(out), free(buf), free(w), free(rstd), free(rstd2), free(dout), free(dinp), free(dw), free(dw2);
+    }
+}
+
+/* ================================= rope ================================= */
+
+/* HF's Qwen3 rotary tables step by step in float32, as torch runs them:
+ *   inv_freq = 1.0 / (base ** (arange(0, HD, 2).float() / HD))   (float32 tensor ops)
+ *   freqs = position.float() · inv_freq                            (float32)
+ *   cos, sin of freqs                                              (float32 of the exact value)
+ * Each float32 step is modelled as the exact (double) operation rounded to float. */
+static void hf_rope_tables(double *cos_t, double *sin_t, int64_t S, int64_t HD, double base) {
+    int64_t half = HD / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float expo = (float)(2 * i) / (float)HD;
+        float pw = (float)pow(base, (double)expo);
+        float inv_freq = 1.0f / pw;
+        for (int64_t p = 0; p < S; p++) {
+            float angle = (float)p * inv_freq;
+            cos_t[p * half + i] = cos((double)angle);
+            sin_t[p * half + i] = sin((double)angle);
+        }
+    }
+}
+
+/* The tables against that: cos and sin of the same float angle, rounded once (≤ ε/2·|x|,
+ * 6e-8). If the float32 inverse frequency came out an ulp off torch's, the angle at
+ * position p would move by ~p·inv_freq·ε, so positions up to 4096 test that step too.
+ * Bound 1e-6 absolute. */
+static void test_rope_tables(void **state) {
+    (void)state;
+    static const struct {
+        int64_t S, HD;
+        double base;
+    } cases[] = {{4096, 128, 1000000.0}, {512, 64, 10000.0}, {100, 16, 10000.0}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int64_t S = cases[ci].S, HD = cases[ci].HD, n = S * HD / 2;
+        float *c = falloc((size_t)n), *s = falloc((size_t)n);
+        double *cr = dalloc((size_t)n), *sr = dalloc((size_t)n);
+        rope_tables(c, s, S, HD, cases[ci].base);
+        hf_rope_tables(cr, sr, S, HD, cases[ci].base);
+        double worst = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = fmax(fabs(c[i] - cr[i]), fabs(s[i] - sr[i]));
+            worst = d > worst ? d : worst;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "rope_tables vs HF float32 (S=%ld HD=%ld)", (long)S, (long)HD);
+        CHECK_LE(what, worst, 1e-6);
+        free(c), free(s), free(cr), free(sr);
+    }
+}
+
+typedef struct rope_ctx {
+    int64_t B, S, G, HD, ld;
+    const float *cos_t, *sin_t;
+    float *x, *work, *R;
+} rope_ctx_t;
+
+static double rope_loss(void *p) {
+    rope_ctx_t *c = p;
+    size_t n = (size_t)(c->B * c->S * c->ld);
+    memcpy(c->work, c->x, n * sizeof(float));
+    rope_forward(c->work, c->ld, c->cos_t, c->sin_t, c->B, c->S, c->G, c->HD);
+    return dot_2d(c->work, c->ld, c->R, c->ld, c->B * c->S, c->G * c->HD);
+}
+
+/* Forward against a double rotation with the same tables (two products and a sum per
+ * output: ≤ 1.5ε of |x|; bound 1e-6 norm-wise); forward then backward returns x (the
+ * rotation is orthogonal: 4 roundings, bound 1e-6); the backward against central
+ * differences (L is linear, so only rounding: each step moves 2 outputs, ~ε·|R|/h ≈ 1e-5
+ * per entry at h = 1e-2; bound 1e-4). Rows are wider than the heads; padding survives. */
+static void test_rope_forward_backward(void **state) {
+    (void)state;
+    test_rng_t rng = {20};
+    rope_ctx_t c = {.B = 2, .S = 5, .G = 3, .HD = 16};
+    c.ld = c.G * c.HD + 3;
+    int64_t T = c.B * c.S, W = c.G * c.HD, half = c.HD / 2;
+    size_t n = (size_t)(T * c.ld);
+    float *ct = falloc((size_t)(c.S * half)), *st = falloc((size_t)(c.S * half));
+    rope_tables(ct, st, c.S, c.HD, 10000.0);
+    c.cos_t = ct, c.sin_t = st;
+    c.x = falloc(n), c.work = falloc(n), c.R = falloc(n);
+    fill_uniform(c.x, n, &rng, -1.0f, 1.0f);
+    for (int64_t t = 0; t < T; t++) fill_const(c.x + t * c.ld + W, (size_t)(c.ld - W), SENTINEL);
+    fill_uniform(c.R, n, &rng, -1.0f, 1.0f);
+
+    float *y = fdup(c.x, n);
+    rope_forward(y, c.ld, ct, st, c.B, c.S, c.G, c.HD);
+    assert_true(padding_intact(y, T, W, c.ld, SENTINEL));
+    double num = 0, den = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t g = 0; g < c.G; g++)
+            for (int64_t i = 0; i < half; i++) {
+                int64_t p = t % c.S;
+                const float *x = c.x + t * c.ld + g * c.HD;
+                double co = ct[p * half + i], si = st[p * half + i];
+                double y1 = x[i] * co - x[i + half] * si, y2 = x[i + half] * co + x[i] * si;
+                const float *yy = y + t * c.ld + g * c.HD;
+                num += (yy[i] - y1) * (yy[i] - y1) + (yy[i + half] - y2) * (yy[i + half] - y2);
+                den += y1 * y1 + y2 * y2;
+            }
+    CHECK_LE("rope forward vs double rotation", sqrt(num / den), 1e-6);
+
+    rope_backward(y, c.ld, ct, st, c.B, c.S, c.G, c.HD);
+    CHECK_LE("rope backward(forward(x)) == x", rel_err_2d(y, c.ld, c.x, c.ld, T, W), 1e-6);
+
+    float *d = fdup(c.R, n);
+    rope_backward(d, c.ld, ct, st, c.B, c.S, c.G, c.HD);
+    size_t ni;
+    size_t *idx = block_indices(T, W, c.ld, &ni);
+    CHECK_LE("rope backward vs FD", fd_check(c.x, idx, ni, d, 1e-2, rope_loss, &c), 1e-4);
+    free(idx), free(d), free(y), free(ct), free(st), free(c.x), free(c.work), free(c.R);
+}
+
+/* ================================ swiglu ================================ */
+
+typedef struct swiglu_ctx {
+    int64_t T, F;
+    float *gu, *h, *R;
+} swiglu_ctx_t;
+
+static double swiglu_loss(void *p) {
+    swiglu_ctx_t *c = p;
+    swiglu_forward(c->h, c->gu, c->T, c->F);
+    return dot_2d(c->h, c->F, c->R, c->F, c->T, c->F);
+}
+
+/* Forward against double over F = 531 (a 512-column tile plus a tail of 19, not a multiple
+ * of 16) with gates in [-6, 6] and a few far out (±30, ±100, where exp clamps). silu·up is
+ * three roundings plus the polynomial exp (< 2e-7): bound 1e-6 norm-wise. */
+static void test_swiglu_forward(void **state) {
+    (void)state;
+    test_rng_t rng = {30};
+    int64_t T = 3, F = 531;
+    float *gu = falloc((size_t)(T * 2 * F)), *h = falloc((size_t)(T * F));
+    fill_uniform(gu, (size_t)(T * 2 * F), &rng, -6.0f, 6.0f);
+    gu[3] = 30.0f, gu[4] = -30.0f, gu[5] = 100.0f, gu[6] = -100.0f, gu[2 * F + 520] = -95.0f;
+    swiglu_forward(h, gu, T, F);
+    double num = 0, den = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < F; j++) {
+            double g = gu[t * 2 * F + j], u = gu[t * 2 * F + F + j];
+            double ref = g / (1.0 + exp(-g)) * u, d = h[t * F + j] - ref;
+            assert_true(isfinite(h[t * F + j]));
+            num += d * d;
+            den += ref * ref;
+        }
+    CHECK_LE("swiglu forward vs double", sqrt(num / den), 1e-6);
+    free(gu), free(h);
+}
+
+/* Backward against central differences over every gate and up input. dgate_up starts as a
+ * sentinel (it must be written). Each step moves one output: rounding ~ε·|h|/h_step ≈ 1e-5
+ * at h = 1e-2, truncation h²/6·|silu'''| ≤ 2e-5 (|silu'''| < 1); bound 1e-3. */
+static void test_swiglu_backward_fd(void **state) {
+    (void)state;
+    test_rng_t rng = {31};
+    static const int64_t Fs[] = {37, 531};
+    for (size_t fi = 0; fi < 2; fi++) {
+        swiglu_ctx_t c = {.T = 2, .F = Fs[fi]};
+        size_t n = (size_t)(c.T * 2 * c.F);
+        c.gu = falloc(n), c.h = falloc((size_t)(c.T * c.F)), c.R = falloc((size_t)(c.T * c.F));
+        fill_uniform(c.gu, n, &rng, -4.0f, 4.0f);
+        fill_uniform(c.R, (size_t)(c.T * c.F), &rng, -1.0f, 1.0f);
+        float *dgu = falloc(n);
+        fill_const(dgu, n, SENTINEL);
+        swiglu_backward(dgu, c.R, c.gu, c.T, c.F);
+        size_t ni;
+        size_t *idx = block_indices(1, (int64_t)n, (int64_t)n, &ni);
+        CHECK_LE("swiglu dgate_up vs FD", fd_check(c.gu, idx, ni, dgu, 1e-2, swiglu_loss, &c), 1e-3);
+        free(idx), free(dgu), free(c.gu), free(c.h), free(c.R);
+    }
+}
+
+/* ================================ embed ================================= */
+
+typedef struct embed_ctx {
+    int64_t B, S, D, ld_tok;
+    const int32_t *tok;
+    float *table, *out, *R;
+} embed_ctx_t;
+
+static double embed_loss(void *p) {
+    embed_ctx_t *c = p;
+    embed_forward(c->out, c->tok, c->ld_tok, c->table, c->B, c->S, c->D);
+    return dot_2d(c->out, c->D, c->R, c->D, c->B * c->S, c->D);
+}
+
+/* Token rows carry S+1 ids (the targets' shift), so ld_tokens = S+1; ids repeat. Forward
+ * is a copy (exact); the backward adds into a random starting dtable, checked against a
+ * double scatter (≤ 6 float adds per entry: bound 1e-6) and central differences (L is
+ * linear in the table: rounding only, ~ε·|R|/h ≈ 1e-5 at h = 1e-2; bound 1e-4). */
+static void test_embed(void **state) {
+    (void)state;
+    test_rng_t rng = {40};
+    embed_ctx_t c = {.B = 2, .S = 9, .D = 70, .ld_tok = 10};
+    const int64_t V = 11, T = c.B * c.S;
+    int32_t tok[20];
+    for (int i = 0; i < 20; i++) tok[i] = (int32_t)rng_below(&rng, V);
+    tok[0] = tok[1] = tok[2] = tok[11] = 7; /* repeated within and across rows */
+    tok[9] = 99;                             /* position S of row 0: never read */
+    c.tok = tok;
+    c.table = falloc((size_t)(V * c.D)), c.out = falloc((size_t)(T * c.D)), c.R = falloc((size_t)(T * c.D));
+    fill_uniform(c.table, (size_t)(V * c.D), &rng, -1.0f, 1.0f);
+    fill_uniform(c.R, (size_t)(T * c.D), &rng, -1.0f, 1.0f);
+    embed_forward(c.out, tok, c.ld_tok, c.table, c.B, c.S, c.D);
+    for (int64_t t = 0; t < T; t++)
+        assert_memory_equal(c.out + t * c.D, c.table + tok[(t / c.S) * c.ld_tok + t % c.S] * c.D,
+                            (size_t)c.D * sizeof(float));
+
+    float *d0 = falloc((size_t)(V * c.D)), *dt = falloc((size_t)(V * c.D));
+    double *ref = dalloc((size_t)(V * c.D));
+    fill_uniform(d0, (size_t)(V * c.D), &rng, -1.0f, 1.0f);
+    memcpy(dt, d0, (size_t)(V * c.D) * sizeof(float));
+    for (int64_t i = 0; i < V * c.D; i++) ref[i] = d0[i];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < c.D; j++) ref[tok[(t / c.S) * c.ld_tok + t % c.S] * c.D + j] += c.R[t * c.D + j];
+    embed_backward(dt, c.R, tok, c.ld_tok, c.B, c.S, c.D);
+    CHECK_LE("embed backward (accumulating) vs double", rel_err_fd(dt, ref, (size_t)(V * c.D)), 1e-6);
+
+    float *grad = falloc((size_t)(V * c.D));
+    fill_const(grad, (size_t)(V * c.D), 0.0f);
+    embed_backward(grad, c.R, tok, c.ld_tok, c.B, c.S, c.D);
+    size_t ni;
+    size_t *idx = block_indices(V, c.D, c.D, &ni);
+    CHECK_LE("embed dtable vs FD", fd_check(c.table, idx, ni, grad, 1e-2, embed_loss, &c), 1e-4);
+    free(idx), free(grad), free(d0), free(dt), free(ref), free(c.table), free(c.out), free(c.R);
+}
+
+/* ================================= xent ================================= */
+
+typedef struct xent_ctx {
+    int64_t C, V;
+    float grad_scale, z;
+    const int32_t *tgt;
+    float *logits, *work, *loss, *lse;
+} xent_ctx_t;
+
+/* grad_scale · Σ row_loss: the objective whose gradient xent leaves in the logits. */
+static double xent_loss(void *p) {
+    xent_ctx_t *c = p;
+    memcpy(c->work, c->logits, (size_t)(c->C * c->V) * sizeof(float));
+    xent_forward_backward(c->work, c->loss, c->lse, c->tgt, c->C, c->V, c->grad_scale, c->z);
+    double s = 0;
+    for (int64_t r = 0; r < c->C; r++) s += c->loss[r];
+    return s * c->grad_scale;
+}
+
+/* The in-place gradient against central differences of grad_scale · Σ row_loss, without
+ * and with z-loss (z = 0.1, large enough that its term moves the gradient by ~1.8×).
+ * V = 37: two 16-wide vector chunks and a scalar tail. h = 1e-2: the row loss (~4) rounds
+ * to float with error ≤ 2.4e-7, giving ~1e-5·grad_scale per entry; truncation is
+ * h²/6·|lse'''| ≤ 2e-6. Norm-wise (the target entries, ~1, dominate) that is ≲ 1e-4; bound
+ * 1e-3. */
+static void test_xent_backward_fd(void **state) {
+    (void)state;
+    test_rng_t rng = {50};
+    xent_ctx_t c = {.C = 3, .V = 37, .grad_scale = 1.0f / 3.0f};
+    int32_t tgt[3] = {0, 36, 17};
+    c.tgt = tgt;
+    size_t n = (size_t)(c.C * c.V);
+    c.logits = falloc(n), c.work = falloc(n), c.loss = falloc(3), c.lse = falloc(3);
+    fill_uniform(c.logits, n, &rng, -3.0f, 3.0f);
+    float *grad = falloc(n), *grad_noz = falloc(n);
+    for (int zi = 0; zi < 2; zi++) {
+        c.z = zi ? 0.1f : 0.0f;
+        memcpy(grad, c.logits, n * sizeof(float));
+        xent_forward_backward(grad, c.loss, c.lse, tgt, c.C, c.V, c.grad_scale, c.z);
+        if (!zi) memcpy(grad_noz, grad, n * sizeof(float));
+        size_t ni;
+        size_t *idx = block_indices(1, (int64_t)n, (int64_t)n, &ni);
+        CHECK_LE(zi ? "xent gradient vs FD (z_loss 0.1)" : "xent gradient vs FD (no z_loss)",
+                 fd_check(c.logits, idx, ni, grad, 1e-2, xent_loss, &c), 1e-3);
+        free(idx);
+    }
+    assert_true(rel_err(grad, grad_noz, n) > 0.1); /* the z term did change the gradient */
+    free(grad), free(grad_noz), free(c.logits), free(c.work), free(c.loss), free(c.lse);
+}
+
+/* Loss, lse and gradient against double for a small and Qwen3's full vocabulary. The lse
+ * sums exps (polynomial, < 2e-7 each) in 16 float lanes flushed to double every 4096
+ * columns, so ≤ 256 float adds per lane: ≤ 256·ε/2 ≈ 1.5e-5 relative on the sum and so
+ * ≤ 1.5e-5 absolute on lse, typically ~1e-6; bound 2e-5 absolute on lse and loss (plus
+ * the final float rounding of a value ≲ 30: 1e-6). Gradient: softmax·(1+2z·lse)/sum ·
+ * grad_scale, a few roundings beyond the sum's error; bound 2e-5 norm-wise. */
+static void test_xent_vs_double(void **state) {
+    (void)state;
+    test_rng_t rng = {51};
+    static const int64_t Vs[] = {1000, 151936};
+    for (int vi = 0; vi < 2; vi++) {
+        int64_t V = Vs[vi], C = vi ? 1 : 2;
+        const float gs = 0.5f, z = 1e-4f;
+        size_t n = (size_t)(C * V);
+        float *l = falloc(n), *g = falloc(n), loss[2], lse[2];
+        double *ref = dalloc(n);
+        int32_t tgt[2] = {(int32_t)(V - 1), 5};
+        fill_uniform(l, n, &rng, -8.0f, 8.0f);
+        l[17] = 20.0f; /* a confident row */
+        memcpy(g, l, n * sizeof(float));
+        xent_forward_backward(g, loss, lse, tgt, C, V, gs, z);
+        double lse_err = 0, loss_err = 0;
+        for (int64_t r = 0; r < C; r++) {
+            const float *x = l + r * V;
+            double m = -INFINITY, s = 0;
+            for (int64_t i = 0; i < V; i++) m = fmax(m, x[i]);
+            for (int64_t i = 0; i < V; i++) s += exp(x[i] - m);
+            double lse_ref = m + log(s), loss_ref = lse_ref - x[tgt[r]] + z * lse_ref * lse_ref;
+            lse_err = fmax(lse_err, fabs(lse[r] - lse_ref));
+            loss_err = fmax(loss_err, fabs(loss[r] - loss_ref));
+            for (int64_t i = 0; i < V; i++)
+                ref[r * V + i] = gs * ((exp(x[i] - m) / s) * (1.0 + 2.0 * z * lse_ref) - (i == tgt[r]));
+        }
+        char what[80];
+        snprintf(what, sizeof what, "xent lse vs double (V=%ld)", (long)V);
+        CHECK_LE(what, lse_err, 2e-5);
+        snprintf(what, sizeof what, "xent loss vs double (V=%ld)", (long)V);
+        CHECK_LE(what, loss_err, 2e-5);
+        snprintf(what, sizeof what, "xent gradient vs double (V=%ld)", (long)V);
+        CHECK_LE(what, rel_err_fd(g, ref, n), 2e-5);
+        free(l), free(g), free(ref);
+    }
+}
+
+/* exp512_ps against exp in double at 2^21 evenly spaced points of [-87, 88] plus the ends;
+ * the header promises a relative error below 2e-7 (the final rounding alone is ≤ 6e-8). */
+static void test_exp512_accuracy(void **state) {
+    (void)state;
+#if defined(__AVX512F__)
+    const int64_t n = 1 << 21;
+    const double lo = -87.0, hi = 88.0;
+    double worst = 0.0, worst_x = 0.0;
+    float xs[16], ys[16];
+    for (int64_t i0 = 0; i0 <= n; i0 += 16) {
+        for (int j = 0; j < 16; j++) {
+            int64_t i = i0 + j <= n ? i0 + j : n;
+            xs[j] = (float)(lo + (hi - lo) * (double)i / (double)n);
+        }
+        _mm512_storeu_ps(ys, exp512_ps(_mm512_loadu_ps(xs)));
+        for (int j = 0; j < 16; j++) {
+            double want = exp((double)xs[j]), e = fabs(ys[j] - want) / want;
+            if (e > worst) worst = e, worst_x = xs[j];
+        }
+    }
+    if (getenv("TEST_VERBOSE")) printf("    exp512_ps worst at x = %.7g\n", worst_x);
+    CHECK_LE("exp512_ps max relative error on [-87, 88]", worst, 2e-7);
+    /* Below the clamp it flushes to 0, as expf does in float. */
+    for (int j = 0; j < 16; j++) xs[j] = -88.0f - 10.0f * (float)j;
+    _mm512_storeu_ps(ys, exp512_ps(_mm512_loadu_ps(xs)));
+    for (int j = 0; j < 16; j++) assert_true(ys[j] >= 0.0f && ys[j] < 1e-37f);
+#else
+    skip();
+#endif
+}
+
+/* ================================ adamw ================================= */
+
+/* torch.optim.AdamW after clip_grad_norm_, in double, for one step. */
+static void adamw_ref_step(double *p, double *m, double *v, const float *g, int64_t n, int64_t step,
+                           double scale, const adamw_hparams_t *h) {
+    double bc1 = 1.0 - pow(h->b1, (double)step), bc2 = 1.0 - pow(h->b2, (double)step);
+    for (int64_t i = 0; i < n; i++) {
+        double gi = g[i] * scale;
+        m[i] = h->b1 * m[i] + (1.0 - h->b1) * gi;
+        v[i] = h->b2 * v[i] + (1.0 - h->b2) * gi * gi;
+        p[i] *= 1.0 - (double)h->lr * h->weight_decay;
+        p[i] -= h->lr / bc1 * m[i] / (sqrt(v[i]) / sqrt(bc2) + h->eps);
+    }
+}
+
+/* Three steps, the first two clipped (‖g‖ ≈ 37 > clip 1), the third not: each step sums
+ * squares, derives the clip factor, updates. Bounds: p moves by ~lr per step and is held in
+ * float, so ≤ 3 roundings of |p| ≲ 1.1 plus ~ε of each update: 1e-6 absolute; m, v carry
+ * a few roundings per step: 1e-5 norm-wise. g must come back zeroed. */
+static void test_adamw_update(void **state) {
+    (void)state;
+    test_rng_t rng = {60};
+    const int64_t n = 1037;
+    const adamw_hparams_t hp = {.lr = 1e-2f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    float *p = falloc(n), *m = falloc(n), *v = falloc(n), *g = falloc(n);
+    double *pr = dalloc(n), *mr = dalloc(n), *vr = dalloc(n), part[1];
+    fill_uniform(p, n, &rng, -1.0f, 1.0f);
+    fill_const(m, n, 0.0f), fill_const(v, n, 0.0f);
+    for (int64_t i = 0; i < n; i++) pr[i] = p[i], mr[i] = 0, vr[i] = 0;
+    for (int64_t step = 1; step <= 3; step++) {
+        fill_uniform(g, n, &rng, -2.0f, 2.0f);
+        double clip = step < 3 ? 1.0 : 1e9, ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
+        double norm = sqrt(ss), ref_scale = norm > clip ? clip / (norm + 1e-6) : 1.0;
+        float scale = adamw_clip_scale(sqrt(adamw_sum_squares(g, n, part)), clip);
+        assert_true(fabs(scale - ref_scale) <= 1e-6 * ref_scale);
+        adamw_ref_step(pr, mr, vr, g, n, step, ref_scale, &hp);
+        adamw_update(p, m, v, g, n, step, scale, &hp);
+        assert_true(all_equal(g, (size_t)n, 0.0f));
+    }
+    double perr = 0;
+    for (int64_t i = 0; i < n; i++) perr = fmax(perr, fabs(p[i] - pr[i]));
+    CHECK_LE("adamw p vs torch-style double (3 steps), max abs", perr, 1e-6);
+    CHECK_LE("adamw m vs double", rel_err_fd(m, mr, n), 1e-5);
+    CHECK_LE("adamw v vs double", rel_err_fd(v, vr, n), 1e-5);
+    free(p), free(m), free(v), free(g), free(pr), free(mr), free(vr);
+}
+
+/* Σ g² over 3 full blocks and a partial one against double: each float partial sums 1024
+ * squares in 16 lanes of 64 (≤ 64·ε/2 ≈ 4e-6 relative, all terms positive), the partials
+ * add in double. Bound 1e-5. */
+static void test_adamw_sum_squares(void **state) {
+    (void)state;
+    test_rng_t rng = {61};
+    const int64_t n = 3 * ADAMW_NORM_BLOCK + 4321;
+    float *g = falloc((size_t)n);
+    double *part = dalloc((size_t)adamw_norm_partials(n)), ref = 0;
+    assert_int_equal(adamw_norm_partials(n), 4);
+    fill_uniform(g, (size_t)n, &rng, -1.0f, 1.0f);
+    for (int64_t i = 0; i < n; i++) ref += (double)g[i] * g[i];
+    CHECK_LE("adamw_sum_squares vs double", fabs(adamw_sum_squares(g, n, part) - ref) / ref, 1e-5);
+    assert_true(adamw_sum_squares(g, 0, part) == 0.0);
+    free(g), free(part);
+}
+
+/* clip_grad_norm_: coef = clip / (norm + 1e-6), applied only when below 1; clip ≤ 0: off. */
+static void test_adamw_clip_scale(void **state) {
+    (void)state;
+    assert_true(adamw_clip_scale(10.0, 1.0) == (float)(1.0 / (10.0 + 1e-6)));
+    assert_true(adamw_clip_scale(4.0, 2.0) == (float)(2.0 / (4.0 + 1e-6)));
+    assert_true(adamw_clip_scale(0.5, 1.0) == 1.0f);
+    assert_true(adamw_clip_scale(1.0, 1.0) == 1.0f); /* 1/(1+1e-6) < 1 but rounds to 1 in float */
+    assert_true(adamw_clip_scale(0.0, 1.0) == 1.0f);
+    assert_true(adamw_clip_scale(1e6, 0.0) == 1.0f);
+    assert_true(adamw_clip_scale(1e6, -1.0) == 1.0f);
+}
+
+/* =============================== attention ============================== */
+
+/* One fused qkv buffer per row, as the model lays it out: [q (H·HD) | k (KV·HD) | v (KV·HD)
+ * | 3 floats of padding]; out, dout and the gradients have their own padded strides. */
+typedef struct attn_case {
+    int64_t B, S, H, KV, HD;
+} attn_case_t;
+
+typedef struct attn_bufs {
+    attn_shape_t a;
+    int64_t T, ld, ld_out, ld_dout, qw, kw;
+    float *qkv, *out, *lse, *R, *dqkv;
+    const float *q, *k, *v;
+} attn_bufs_t;
+
+static void attn_alloc(attn_bufs_t *x, const attn_case_t *c, test_rng_t *rng) {
+    x->a = (attn_shape_t){c->B, c->S, c->H, c->KV, c->HD};
+    x->T = c->B * c->S;
+    x->qw = c->H * c->HD, x->kw = c->KV * c->HD;
+    x->ld = x->qw + 2 * x->kw + 3, x->ld_out = x->qw + 5, x->ld_dout = x->qw + 2;
+    x->qkv = falloc((size_t)(x->T * x->ld));
+    x->dqkv = falloc((size_t)(x->T * x->ld));
+    x->out = falloc((size_t)(x->T * x->ld_out));
+    x->lse = falloc((size_t)(c->B * c->H * c->S));
+    x->R = falloc((size_t)(x->T * x->ld_dout));
+    fill_uniform(x->qkv, (size_t)(x->T * x->ld), rng, -1.0f, 1.0f);
+    fill_uniform(x->R, (size_t)(x->T * x->ld_dout), rng, -1.0f, 1.0f);
+    fill_const(x->out, (size_t)(x->T * x->ld_out), SENTINEL);
+    x->q = x->qkv, x->k = x->qkv + x->qw, x->v = x->qkv + x->qw + x->kw;
+}
+
+static void attn_free(attn_bufs_t *x) {
+    free(x->qkv), free(x->dqkv), free(x->out), free(x->lse), free(x->R);
+}
+
+static float *attn_scratch(const attn_shape_t *a) {
+    return falloc((size_t)attention_scratch_floats(a, omp_get_max_threads()));
+}
+
+static void attn_forward(attn_bufs_t *x) {
+    float *scratch = attn_scratch(&x->a);
+    attention_forward(x->out, x->ld_out, x->lse, x->q, x->ld, x->k, x->ld, x->v, x->ld, &x->a, scratch);
+    free(scratch);
+}
+
+/* dq, dk, dv into the fused dqkv buffer, which starts as the sentinel (they are written). */
+static void attn_backward(attn_bufs_t *x) {
+    float *scratch = attn_scratch(&x->a);
+    fill_const(x->dqkv, (size_t)(x->T * x->ld), SENTINEL);
+    float *dq = x->dqkv, *dk = x->dqkv + x->qw, *dv = x->dqkv + x->qw + x->kw;
+    attention_backward(dq, x->ld, dk, x->ld, dv, x->ld, x->R, x->ld_dout, x->out, x->ld_out, x->lse, x->q, x->ld,
+                       x->k, x->ld, x->v, x->ld, &x->a, scratch);
+    free(scratch);
+}
+
+static const attn_case_t ATTN_CASES[] = {
+    {2, 70, 4, 2, 16},  /* GQA, S = one block + 6 */
+    {2, 130, 4, 2, 24}, /* GQA, S = two blocks + 2, HD not a multiple of 16 */
+    {2, 70, 2, 2, 24},  /* H = KV */
+    {2, 130, 2, 2, 16}, /* H = KV */
+};
+
+/* Forward against the double reference (full score matrix): the flash kernel's scores are
+ * HD ≤ 24-term float dots, its exps the polynomial (< 2e-7), its softmax sum and P·V
+ * float sums over ≤ S = 130 keys (~√S·ε/2 typical): ~1e-6 relative; bound 1e-5 on out.
+ * lse ≲ log S + max score ≈ 6: a float holds it to 5e-7; bound 1e-5 absolute. */
+static void test_attention_forward(void **state) {
+    (void)state;
+    test_rng_t rng = {70};
+    static const attn_case_t extra[] = {{1, 1, 2, 1, 16}, {2, 64, 4, 1, 16}, {1, 5, 2, 2, 24}};
+    for (size_t ci = 0; ci < 4 + 3; ci++) {
+        const attn_case_t *c = ci < 4 ? &ATTN_CASES[ci] : &extra[ci - 4];
+        attn_bufs_t x;
+        attn_alloc(&x, c, &rng);
+        attn_forward(&x);
+        assert_true(padding_intact(x.out, x.T, x.qw, x.ld_out, SENTINEL));
+        float *ref = falloc((size_t)(x.T * x.ld_out)), *lse_ref = falloc((size_t)(c->B * c->H * c->S));
+        attention_forward_naive(ref, x.ld_out, lse_ref, x.q, x.ld, x.k, x.ld, x.v, x.ld, &x.a);
+        char what[96];
+        snprintf(what, sizeof what, "attention out vs naive B%ld S%ld H%ld KV%ld HD%ld", (long)c->B, (long)c->S,
+                 (long)c->H, (long)c->KV, (long)c->HD);
+        CHECK_LE(what, rel_err_2d(x.out, x.ld_out, ref, x.ld_out, x.T, x.qw), 1e-5);
+        CHECK_LE("  lse vs naive, max abs", max_abs_diff(x.lse, lse_ref, (size_t)(c->B * c->H * c->S)), 1e-5);
+        free(ref), free(lse_ref);
+        attn_free(&x);
+    }
+}
+
+/* Σ over query rows [i0, i1) of head h in batch b of out ⊙ R, in double from the float
+ * inputs: what one perturbed input can change (q row i: that row only; k or v row j: rows
+ * ≥ j of the heads reading that kv head), so the differences need only those rows. */
+static double attn_ref_loss(const attn_bufs_t *x, int64_t b, int64_t h, int64_t i0, int64_t i1, double *w) {
+    const int64_t S = x->a.S, HD = x->a.HD, kvh = h / (x->a.H / x->a.KV);
+    const double scale = 1.0 / sqrt((double)HD);
+    double L = 0.0;
+    for (int64_t i = i0; i < i1; i++) {
+        const float *qi = x->q + (b * S + i) * x->ld + h * HD;
+        double m = -INFINITY, sum = 0.0;
+        for (int64_t j = 0; j <= i; j++) {
+            const float *kj = x->k + (b * S + j) * x->ld + kvh * HD;
+            double s = 0.0;
+            for (int64_t d = 0; d < HD; d++) s += (double)qi[d] * kj[d];
+            w[j] = s * scale;
+            m = fmax(m, w[j]);
+        }
+        for (int64_t j = 0; j <= i; j++) sum += (w[j] = exp(w[j] - m));
+        const float *r = x->R + (b * S + i) * x->ld_dout + h * HD;
+        for (int64_t j = 0; j <= i; j++) {
+            const float *vj = x->v + (b * S + j) * x->ld + kvh * HD;
+            double pj = w[j] / sum, acc = 0.0;
+            for (int64_t d = 0; d < HD; d++) acc += (double)vj[d] * r[d];
+            L += pj * acc;
+        }
+    }
+    return L;
+}
+
+/* Central difference of L = Σ out ⊙ R for qkv element (b·S + s, col), in double. */
+static double attn_fd(attn_bufs_t *x, int64_t row, int64_t col, double h, double *w) {
+    const int64_t S = x->a.S, HD = x->a.HD, group = x->a.H / x->a.KV, b = row / S, s = row % S;
+    int64_t h0, h1, i0, i1 = S;
+    if (col < x->qw) { /* q: one head, one row */
+        h0 = col / HD, h1 = h0 + 1, i0 = s, i1 = s + 1;
+    } else { /* k or v: the group's heads, rows from s on */
+        int64_t kvh = ((col - x->qw) % x->kw) / HD;
+        h0 = kvh * group, h1 = h0 + group, i0 = s;
+    }
+    float *p = x->qkv + row * x->ld + col, x0 = *p;
+    float xp = (float)(x0 + h), xm = (float)(x0 - h);
+    double lp = 0, lm = 0;
+    *p = xp;
+    for (int64_t hh = h0; hh < h1; hh++) lp += attn_ref_loss(x, b, hh, i0, i1, w);
+    *p = xm;
+    for (int64_t hh = h0; hh < h1; hh++) lm += attn_ref_loss(x, b, hh, i0, i1, w);
+    *p = x0;
+    return (lp - lm) / ((double)xp - (double)xm);
+}
+
+/* dq, dk, dv against central differences in double (h = 1e-3: truncation h²/6·|f'''| ~ 1e-7
+ * relative, double rounding ~1e-13) at 40 elements per tensor: random ones plus rows at
+ * the block edges (0, 63, 64, S−1). The analytic gradients are float sums over ≤ S keys or
+ * queries times HD, each ~√n·ε/2 ≈ 1e-6 typical, ≤ 1e-5 worst; bound 1e-4 norm-wise. The
+ * buffers start as the sentinel: written, not accumulated; padding survives. */
+static void test_attention_backward_fd(void **state) {
+    (void)state;
+    test_rng_t rng = {71};
+    for (size_t ci = 0; ci < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; ci++) {
+        const attn_case_t *c = &ATTN_CASES[ci];
+        attn_bufs_t x;
+        attn_alloc(&x, c, &rng);
+        attn_forward(&x);
+        attn_backward(&x);
+        assert_true(padding_intact(x.dqkv, x.T, x.qw + 2 * x.kw, x.ld, SENTINEL));
+        double *w = dalloc((size_t)c->S);
+        static const char *names[3] = {"dq", "dk", "dv"};
+        for (int which = 0; which < 3; which++) {
+            int64_t col0 = which == 0 ? 0 : which == 1 ? x.qw : x.qw + x.kw, width = which == 0 ? x.qw : x.kw;
+            double num = 0, den = 0;
+            for (int e = 0; e < 40; e++) {
+                static const int64_t edge[4] = {0, 63, 64, -1};
+                int64_t s = e < 4 ? (edge[e] < 0 ? c->S - 1 : edge[e]) : rng_below(&rng, c->S);
+                if (s >= c->S) s = c->S - 1;
+                int64_t row = rng_below(&rng, c->B) * c->S + s, col = col0 + rng_below(&rng, width);
+                double fd = attn_fd(&x, row, col, 1e-3, w), d = x.dqkv[row * x.ld + col] - fd;
+                num += d * d;
+                den += fd * fd;
+            }
+            char what[96];
+            snprintf(what, sizeof what, "attention %s vs FD B%ld S%ld H%ld KV%ld HD%ld", names[which], (long)c->B,
+                     (long)c->S, (long)c->H, (long)c->KV, (long)c->HD);
+            CHECK_LE(what, sqrt(num / den), 1e-4);
+        }
+        free(w);
+        attn_free(&x);
+    }
+}
+
+/* The scratch holds Kᵀ, Vᵀ ([HD, S] per kv head) and per-thread [ATTN_QBLOCK, S] strips:
+ * linear in S, so doubling S at most doubles it (an S² term would nearly quadruple it). */
+static void test_attention_scratch_linear(void **state) {
+    (void)state;
+    for (int threads = 1; threads <= 64; threads *= 4) {
+        attn_shape_t a1 = {4, 1024, 16, 8, 128}, a2 = {4, 2048, 16, 8, 128};
+        double f1 = (double)attention_scratch_floats(&a1, threads), f2 = (double)attention_scratch_floats(&a2, threads);
+        assert_true(f1 > 0);
+        CHECK_LE("attention scratch(S=2048) / scratch(S=1024)", f2 / f1, 2.0);
+    }
+}
+
+/* ============================= determinism ============================== */
+
+/* The kernels that promise sums in an order independent of the thread count give the same
+ * bits at 1 and 2 threads: attention backward, rmsnorm backward's dweight, embed backward
+ * (repeated ids) and adamw_sum_squares. */
+static void test_thread_determinism(void **state) {
+    (void)state;
+    test_rng_t rng = {80};
+    /* attention backward */
+    attn_case_t c = {2, 130, 4, 2, 16};
+    attn_bufs_t x;
+    attn_alloc(&x, &c, &rng);
+    size_t nd = (size_t)(x.T * x.ld);
+    float *dqkv[2], *outs[2];
+    for (int t = 0; t < 2; t++) {
+        omp_set_num_threads(t + 1);
+        attn_forward(&x);
+        attn_backward(&x);
+        dqkv[t] = fdup(x.dqkv, nd);
+        outs[t] = fdup(x.out, (size_t)(x.T * x.ld_out));
+    }
+    assert_memory_equal(outs[0], outs[1], (size_t)(x.T * x.ld_out) * sizeof(float));
+    assert_memory_equal(dqkv[0], dqkv[1], nd * sizeof(float));
+    free(dqkv[0]), free(dqkv[1]), free(outs[0]), free(outs[1]);
+    attn_free(&x);
+
+    /* rmsnorm backward: dweight over 5 column blocks, and dinp */
+    const int64_t T = 64, G = 2, N = 300, W = G * N;
+    float *inp = falloc((size_t)(T * W)), *dout = falloc((size_t)(T * W)), *w = falloc((size_t)N);
+    float *out = falloc((size_t)(T * W)), *rstd = falloc((size_t)(T * G)), *dinp[2], *dw[2];
+    fill_uniform(inp, (size_t)(T * W), &rng, -1.0f, 1.0f);
+    fill_uniform(dout, (size_t)(T * W), &rng, -1.0f, 1.0f);
+    fill_uniform(w, (size_t)N, &rng, 0.5f, 1.5f);
+    rmsnorm_forward(out, W, rstd, inp, W, w, T, G, N, 1e-6f);
+    for (int t = 0; t < 2; t++) {
+        omp_set_num_threads(t + 1);
+        dinp[t] = falloc((size_t)(T * W)), dw[t] = falloc((size_t)N);
+        fill_const(dw[t], (size_t)N, 0.25f);
+        rmsnorm_backward(dinp[t], W, false, dw[t], dout, W, inp, W, w, rstd, T, G, N);
+    }
+    assert_memory_equal(dw[0], dw[1], (size_t)N * sizeof(float));
+    assert_memory_equal(dinp[0], dinp[1], (size_t)(T * W) * sizeof(float));
+    free(dinp[0]), free(dinp[1]), free(dw[0]), free(dw[1]);
+
+    /* embed backward: D = 300 (5 column blocks), ids drawn from 7 so most repeat */
+    const int64_t V = 7, B = 2, S = 31, D = 300;
+    int32_t tok[2 * 32];
+    for (int i = 0; i < 64; i++) tok[i] = (int32_t)rng_below(&rng, V);
+    float *dout_e = falloc((size_t)(B * S * D)), *dt[2];
+    fill_uniform(dout_e, (size_t)(B * S * D), &rng, -1.0f, 1.0f);
+    for (int t = 0; t < 2; t++) {
+        omp_set_num_threads(t + 1);
+        dt[t] = falloc((size_t)(V * D));
+        fill_const(dt[t], (size_t)(V * D), 0.125f);
+        embed_backward(dt[t], dout_e, tok, S + 1, B, S, D);
+    }
+    assert_memory_equal(dt[0], dt[1], (size_t)(V * D) * sizeof(float));
+    free(dt[0]), free(dt[1]), free(dout_e);
+
+    /* adamw_sum_squares over 5 blocks and a tail */
+    const int64_t n = 5 * ADAMW_NORM_BLOCK + 17;
+    float *g = falloc((size_t)n);
+    double *part = dalloc((size_t)adamw_norm_partials(n)), ss[2];
+    fill_uniform(g, (size_t)n, &rng, -1.0f, 1.0f);
+    for (int t = 0; t < 2; t++) {
+        omp_set_num_threads(t + 1);
+        ss[t] = adamw_sum_squares(g, n, part);
+    }
+    assert_memory_equal(&ss[0], &ss[1], sizeof(double));
+    free(g), free(part);
+    free(inp), free(dout), free(w), free(out), free(rstd);
+    omp_set_num_threads(g_threads0);
+}
+
+int main(void) {
+    g_threads0 = omp_get_max_threads();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm_vs_naive),
+        cmocka_unit_test(test_gemm_empty_k),
+        cmocka_unit_test(test_gemm_caches_primitives),
+        cmocka_unit_test(test_microgemm_vs_naive),
+        cmocka_unit_test(test_rmsnorm_forward),
+        cmocka_unit_test(test_rmsnorm_backward_fd),
+        cmocka_unit_test(test_rmsnorm_in_place),
+        cmocka_unit_test(test_rope_tables),
+        cmocka_unit_test(test_rope_forward_backward),
+        cmocka_unit_test(test_swiglu_forward),
+        cmocka_unit_test(test_swiglu_backward_fd),
+        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_xent_backward_fd),
+        cmocka_unit_test(test_xent_vs_double),
+        cmocka_unit_test(test_exp512_accuracy),
+        cmocka_unit_test(test_adamw_update),
+        cmocka_unit_test(test_adamw_sum_squares),
+        cmocka_unit_test(test_adamw_clip_scale),
+        cmocka_unit_test(test_attention_forward),
+        cmocka_unit_test(test_attention_backward_fd),
+        cmocka_unit_test(test_attention_scratch_linear),
+        cmocka_unit_test(test_thread_determinism),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
