@@ -21,7 +21,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all test clean
+.PHONY: all test check clean
 all: $(BUILD)/stepscope $(TEST_BIN)
 
 $(BUILD)/%.o: %.c
@@ -39,7 +39,13 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libstepscope.a
 	$(CC) $(LDFLAGS) -o $@ $^ -lcmocka $(LDLIBS)
 
 test: all
-	BUILD=$(BUILD) tests/run.sh
+	BUILDS=$(BUILD) tests/run.sh
+
+# What CI runs: the suite on the optimised build, then the C tests again under ASan+UBSan.
+check:
+	$(MAKE) -j2 all
+	$(MAKE) -j2 SAN=1 all
+	BUILDS="build build-san" tests/run.sh
 
 clean:
 	rm -rf build build-san

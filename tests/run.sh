@@ -1,30 +1,42 @@
 #!/usr/bin/env bash
-# Runs every test: the cmocka unit/integration binaries in $BUILD/tests, then the Python
-# end-to-end tests (pytest) in tests/py. Ends with the plain line "N passed, N failed".
+# Runs every test: the cmocka binaries of each build in $BUILDS (default "build"; CI adds the
+# ASan+UBSan build "build-san"), then the Python end-to-end tests (pytest) against the first
+# build. Ends with the plain line "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-export STEPSCOPE_BIN="$PWD/$BUILD/stepscope"
+BUILDS=${BUILDS:-build}
+first_build=${BUILDS%% *}
+export STEPSCOPE_BIN="$PWD/$first_build/stepscope" STEPSCOPE_BUILD="$first_build"
+# oneDNN and libgomp keep process-lifetime caches that LeakSanitizer would report.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
 passed=0; failed=0; failed_names=()
-for bin in "$BUILD"/tests/test_*; do
-    [ -x "$bin" ] || continue
-    case "$bin" in *.o|*.d) continue;; esac
-    log=$(mktemp)
-    "$bin" >"$log" 2>&1; rc=$?
-    cat "$log"
-    p=$(grep -E '^\[  PASSED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | head -1)
-    f=$(grep -E '^\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | head -1)
-    p=${p:-0}; f=${f:-0}
-    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # crashed or exited badly
-    passed=$((passed + p)); failed=$((failed + f))
-    [ "$f" -gt 0 ] && failed_names+=("$(basename "$bin")")
-    rm -f "$log"
+for build in $BUILDS; do
+    for bin in "$build"/tests/test_*; do
+        [ -x "$bin" ] || continue
+        case "$bin" in *.o|*.d) continue;; esac
+        echo "== $bin"
+        log=$(mktemp)
+        "$bin" >"$log" 2>&1; rc=$?
+        cat "$log"
+        p=$(grep -E '^\[  PASSED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | head -1)
+        f=$(grep -E '^\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | head -1)
+        p=${p:-0}; f=${f:-0}
+        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # crashed or exited badly
+        passed=$((passed + p)); failed=$((failed + f))
+        [ "$f" -gt 0 ] && failed_names+=("$bin")
+        rm -f "$log"
+    done
 done
 if [ -d tests/py ] && [ -z "${SKIP_PY:-}" ]; then
+    echo "== pytest tests/py"
     log=$(mktemp)
-    python3 -m pytest -q -p no:cacheprovider tests/py 2>&1 | tee "$log"
-    p=$(tail -1 "$log" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+'); p=${p:-0}
-    f=$(tail -1 "$log" | grep -oE '[0-9]+ (failed|error)' | grep -oE '[0-9]+' | paste -sd+ | bc); f=${f:-0}
+    "$PY" -m pytest -q -p no:cacheprovider tests/py 2>&1 | tee "$log"
+    last=$(grep -E '(passed|failed|error|skipped)' "$log" | tail -1)
+    p=$(echo "$last" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+'); p=${p:-0}
+    f=$(echo "$last" | grep -oE '[0-9]+ (failed|error|errors)' | grep -oE '[0-9]+' | paste -sd+ | bc); f=${f:-0}
+    [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && f=1   # pytest could not run at all
     passed=$((passed + p)); failed=$((failed + f))
     [ "$f" -gt 0 ] && failed_names+=("pytest")
     rm -f "$log"

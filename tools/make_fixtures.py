@@ -55,7 +55,11 @@ CASES = {
 # fp32 sits at 8.7e-6 relative, at the edge of the 1e-5 bar. 1e-5 (gain 1e3) leaves the
 # comparison about the maths, and eps still enters every update, so its placement (outside
 # the square root) is still tested.
-TRAIN = dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-5, weight_decay=0.1)
+# lr = 3e-3 (not 1e-2): an fp32 step's parameter error after Adam's normalisation is about
+# lr × (relative gradient error of the small elements), so a smaller lr keeps fp32 builds
+# (-O1 sanitizer and -O3 alike) well inside the 1e-5 bar while 3 steps still move every
+# tensor by several percent of its init (std 0.05).
+TRAIN = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-5, weight_decay=0.1)
 NUM_STEPS = 3
 MODEL_KEYS = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
               "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta",

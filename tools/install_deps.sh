@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs everything stepscope builds and tests with, on Debian 12 as root: the C toolchain
+# and libraries from Debian, and a Python venv (.venv) with the readers the tests check our
+# files with (pytest, TensorBoard's event reader, XProf's XPlane converter).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq gcc make pkg-config libdnnl-dev libyaml-dev libcjson-dev libcmocka-dev zlib1g-dev \
+    protobuf-compiler python3 python3-venv python3-pip >/dev/null
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/pip install -q --disable-pip-version-check pytest numpy tensorboard xprof
