@@ -12,6 +12,8 @@
 #define STEPSCOPE_VERSION "0.1.0"
 
 int main(int argc, char **argv) {
+    /* Users pipe the step lines through tee or a CI log: one line per step, as it happens. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     bool dry_run = false;
     const char *config_path = NULL;
     char **overrides = calloc((size_t)argc + 1, sizeof *overrides);

@@ -16,7 +16,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdbool.h>
@@ -74,11 +73,11 @@ static gemm_ctx_t *new_gemm(void) {
 /* One gemm_f32 call against gemm_f32_naive on the same inputs: storage with leading dims
  * pad wider than the matrices, C padding filled with a sentinel that must survive, and for
  * accumulate a random starting C. Returns the relative Frobenius error. */
-static double gemm_case(gemm_ctx_t *g, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                        int64_t pad, bool acc, test_rng_t *rng) {
-    int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, lda = a_cols + pad;
-    int64_t b_rows = tb ? N : K, b_cols = tb ? K : N, ldb = b_cols + pad;
-    int64_t ldc = N + pad;
+static double gemm_case_pads(gemm_ctx_t *g, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                             int64_t pad_a, int64_t pad_b, int64_t pad_c, bool acc, test_rng_t *rng) {
+    int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, lda = a_cols + pad_a;
+    int64_t b_rows = tb ? N : K, b_cols = tb ? K : N, ldb = b_cols + pad_b;
+    int64_t ldc = N + pad_c;
     float *A = falloc((size_t)(a_rows * lda)), *B = falloc((size_t)(b_rows * ldb));
     float *C = falloc((size_t)(M * ldc)), *Cref = falloc((size_t)(M * ldc));
     fill_uniform(A, (size_t)(a_rows * lda), rng, -1.0f, 1.0f);
@@ -93,6 +92,11 @@ static double gemm_case(gemm_ctx_t *g, bool ta, bool tb, int64_t M, int64_t N, i
         fail_msg("gemm ta=%d tb=%d %ldx%ldx%ld wrote into C's padding", ta, tb, (long)M, (long)N, (long)K);
     free(A), free(B), free(C), free(Cref);
     return err;
+}
+
+static double gemm_case(gemm_ctx_t *g, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad,
+                        bool acc, test_rng_t *rng) {
+    return gemm_case_pads(g, ta, tb, M, N, K, pad, pad, pad, acc, rng);
 }
 
 /* fp32 products summed over K ≤ 300 terms: the error per element is ~√K·ε/2 of Σ|a·b|, and
@@ -145,23 +149,30 @@ static void test_gemm_caches_primitives(void **state) {
         assert_true(e < 1e-5);
     }
     assert_int_equal(gemm_num_primitives(g), 1);
-    gemm_case(g, false, true, 37, 53, 29, 0, true, &rng); /* accumulate */
+    assert_true(gemm_case(g, false, true, 37, 53, 29, 0, true, &rng) < 1e-5); /* accumulate */
     assert_int_equal(gemm_num_primitives(g), 2);
-    gemm_case(g, false, true, 37, 53, 29, 4, false, &rng); /* leading dims */
+    /* Each leading dim alone: a primitive baked for one stride must not serve another. */
+    assert_true(gemm_case_pads(g, false, true, 37, 53, 29, 4, 0, 0, false, &rng) < 1e-5);
     assert_int_equal(gemm_num_primitives(g), 3);
-    gemm_case(g, true, true, 37, 53, 29, 0, false, &rng); /* transpose */
+    assert_true(gemm_case_pads(g, false, true, 37, 53, 29, 0, 4, 0, false, &rng) < 1e-5);
     assert_int_equal(gemm_num_primitives(g), 4);
+    assert_true(gemm_case_pads(g, false, true, 37, 53, 29, 0, 0, 4, false, &rng) < 1e-5);
+    assert_int_equal(gemm_num_primitives(g), 5);
+    gemm_case(g, true, true, 37, 53, 29, 0, false, &rng); /* transpose */
+    assert_int_equal(gemm_num_primitives(g), 6);
     gemm_case(g, false, true, 38, 53, 29, 0, false, &rng); /* shape */
-    assert_int_equal(gemm_num_primitives(g), 5);
-    /* Interleaved repeats of all of them: no growth. */
+    assert_int_equal(gemm_num_primitives(g), 7);
+    /* Interleaved repeats of all of them: no growth, still right. */
     for (int rep = 0; rep < 2; rep++) {
-        gemm_case(g, false, true, 38, 53, 29, 0, false, &rng);
-        gemm_case(g, false, true, 37, 53, 29, 0, false, &rng);
-        gemm_case(g, true, true, 37, 53, 29, 0, false, &rng);
-        gemm_case(g, false, true, 37, 53, 29, 0, true, &rng);
-        gemm_case(g, false, true, 37, 53, 29, 4, false, &rng);
+        assert_true(gemm_case(g, false, true, 38, 53, 29, 0, false, &rng) < 1e-5);
+        assert_true(gemm_case(g, false, true, 37, 53, 29, 0, false, &rng) < 1e-5);
+        assert_true(gemm_case(g, true, true, 37, 53, 29, 0, false, &rng) < 1e-5);
+        assert_true(gemm_case(g, false, true, 37, 53, 29, 0, true, &rng) < 1e-5);
+        assert_true(gemm_case_pads(g, false, true, 37, 53, 29, 0, 0, 4, false, &rng) < 1e-5);
+        assert_true(gemm_case_pads(g, false, true, 37, 53, 29, 0, 4, 0, false, &rng) < 1e-5);
+        assert_true(gemm_case_pads(g, false, true, 37, 53, 29, 4, 0, 0, false, &rng) < 1e-5);
     }
-    assert_int_equal(gemm_num_primitives(g), 5);
+    assert_int_equal(gemm_num_primitives(g), 7);
     gemm_destroy(g);
 }
 

@@ -77,6 +77,26 @@ int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double 
     return 0;
 }
 
+/* A JSON string: quotes, backslashes and control characters escaped. */
+static void json_write_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* %.8g, or NaN / Infinity / -Infinity as Python's json (and so MaxText's metrics file) writes
+ * them: printf's "nan", "-nan" and "inf" are not readable by any JSON parser. */
+static const char *json_number(char *buf, size_t n, double v) {
+    if (isnan(v)) snprintf(buf, n, "NaN");
+    else if (isinf(v)) snprintf(buf, n, "%sInfinity", v < 0 ? "-" : "");
+    else snprintf(buf, n, "%.8g", v);
+    return buf;
+}
+
 int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen) {
     double tflops = r->plan.tflops_per_device;
     double tokens = (double)r->plan.tokens_per_device;
@@ -87,13 +107,17 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
            (long long)rec->step, rec->seconds, tflops_s, tokens_s, mfu, (long long)r->plan.tokens_per_device * r->plan.num_ranks,
            rec->loss);
     fflush(stdout);
+    char loss[32], gn[32], raw_gn[32];
+    fprintf(r->metrics, "{\"step\": %lld, \"run_name\": ", (long long)rec->step);
+    json_write_string(r->metrics, r->cfg->run_name);
     fprintf(r->metrics,
-            "{\"step\": %lld, \"run_name\": \"%s\", \"learning/loss\": %.8g, \"learning/grad_norm\": %.8g, "
-            "\"learning/raw_grad_norm\": %.8g, \"learning/current_learning_rate\": %.8g, "
+            ", \"learning/loss\": %s, \"learning/grad_norm\": %s, "
+            "\"learning/raw_grad_norm\": %s, \"learning/current_learning_rate\": %.8g, "
             "\"learning/total_weights\": %lld, \"perf/step_time_seconds\": %.6f, \"perf/per_device_tflops\": %.6f, "
             "\"perf/per_device_tflops_per_sec\": %.6f, \"perf/per_device_tokens\": %lld, "
             "\"perf/per_device_tokens_per_sec\": %.4f, \"perf/mfu\": %.6f, \"perf/data_wait_seconds\": %.6f}\n",
-            (long long)rec->step, r->cfg->run_name, rec->loss, rec->grad_norm, rec->raw_grad_norm, r->cfg->learning_rate,
+            json_number(loss, sizeof loss, rec->loss), json_number(gn, sizeof gn, rec->grad_norm),
+            json_number(raw_gn, sizeof raw_gn, rec->raw_grad_norm), r->cfg->learning_rate,
             (long long)r->plan.tokens_per_device * r->plan.num_ranks, rec->seconds, tflops, tflops_s,
             (long long)r->plan.tokens_per_device, tokens_s, mfu / 100.0, rec->data_wait_seconds);
     if (fflush(r->metrics) != 0 || ferror(r->metrics)) {

@@ -1,0 +1,702 @@
+"""End-to-end tests of the stepscope binary through its command line: dry-run plan numbers,
+a tiny training run and its outputs (console, metrics.jsonl, TensorBoard), refusals, the
+token-file reader, determinism, the one-step-late loss read, data prefetch, the profiler,
+--help/--version, divergence aborts and SIGINT.
+
+Every run writes under a pytest tmp dir (cwd and base_output_directory), uses the tiny preset,
+and passes device_peak_tflops to skip the start-up peak probe.
+
+Needs: pytest, numpy; optional (parts skip without them): tensorboard, xprof.
+The binary: $STEPSCOPE_BIN, default build/stepscope relative to the repository root."""
+import gzip
+import json
+import math
+import os
+import re
+import signal
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_BIN = Path(os.environ.get("STEPSCOPE_BIN", "build/stepscope"))
+BIN = _BIN if _BIN.is_absolute() else ROOT / _BIN
+CONFIG = ROOT / "configs" / "base.yml"
+PEAK = 0.446
+# tiny preset, no peak probe, no profiler unless a test asks for it
+FAST = ["model_name=tiny", f"device_peak_tflops={PEAK}", "profiler="]
+RUN = "r"
+
+STEP_RE = re.compile(
+    r"^completed step: (\d+), seconds: (\d+\.\d{3}), TFLOP/s/device: (\d+\.\d{3}), "
+    r"Tokens/s/device: (\d+\.\d{3}), MFU: (\d+\.\d{2})%, total_weights: (\d+), loss: (-?\d+\.\d{4})$")
+
+METRIC_KEYS = {
+    "learning/loss", "learning/grad_norm", "learning/raw_grad_norm", "learning/current_learning_rate",
+    "perf/step_time_seconds", "perf/per_device_tflops", "perf/per_device_tflops_per_sec",
+    "perf/per_device_tokens", "perf/per_device_tokens_per_sec", "perf/mfu", "perf/data_wait_seconds",
+    "step", "run_name",
+}
+
+pytestmark = pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built (run make)")
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+
+def stepscope(tmp_path, *args, env_extra=None, timeout=60, config=CONFIG):
+    """Runs the binary with cwd=tmp_path and base_output_directory=tmp_path/out."""
+    cmd = [str(BIN)]
+    if config is not None:
+        cmd.append(str(config))
+    cmd += [f"base_output_directory={tmp_path / 'out'}", *args]
+    env = dict(os.environ)
+    env.pop("STEPSCOPE_EVENT_LOG", None)
+    if env_extra:
+        env.update(env_extra)
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def train(tmp_path, *args, run_name=RUN, **kw):
+    """A tiny training run that must succeed."""
+    r = stepscope(tmp_path, *FAST, f"run_name={run_name}", *args, **kw)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def run_dir(tmp_path, run_name=RUN):
+    return tmp_path / "out" / run_name
+
+
+def read_metrics(tmp_path, run_name=RUN):
+    d = run_dir(tmp_path, run_name)
+    assert not (d / "metrics.jsonl.partial").exists()
+    lines = (d / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(l) for l in lines], lines
+
+
+def raw_losses(lines):
+    """The loss as written (text), so equality is on the file's bytes, not a float parse."""
+    return [re.search(r'"learning/loss": ([^,]+),', l).group(1) for l in lines]
+
+
+def parse_plan(stdout):
+    out = {}
+    for line in stdout.splitlines():
+        k, sep, v = line.partition(": ")
+        if sep:
+            out[k] = v
+    return out
+
+
+def read_yaml_flat(path):
+    """configs/models/*.yml are flat `key: value` files."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            k, v = line.split(":", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def shape_of(preset):
+    y = read_yaml_flat(ROOT / "configs" / "models" / f"{preset}.yml")
+    return dict(V=int(y["vocab_size"]), D=int(y["base_emb_dim"]), F=int(y["base_mlp_dim"]),
+                L=int(y["base_num_decoder_layers"]), H=int(y["base_num_query_heads"]),
+                KV=int(y["base_num_kv_heads"]), HD=int(y["head_dim"]),
+                tied=y["logits_via_embedding"] == "true")
+
+
+def qwen3_params(V, D, F, L, H, KV, HD, tied):
+    per_layer = 2 * D + (H + 2 * KV) * HD * D + 2 * HD + H * HD * D + 3 * D * F
+    return V * D + L * per_layer + D + (0 if tied else V * D)
+
+
+def maxtext_tflops(B, S, V, D, F, L, H, KV, HD, **_):
+    """MaxText's calculate_tflops_training_per_device (causal attention halved)."""
+    ffn = 6 * B * S * D * F
+    qkv = 2 * B * S * D * (H + 2 * KV) * HD
+    proj = 2 * B * S * D * H * HD
+    attn = 4 * B * S * S * H * HD / 2
+    emb = 2 * B * S * D * V
+    return (((ffn + qkv + proj) * L + emb) * 3 + attn * L * 3) / 1e12
+
+
+def assert_refused(r, tmp_path, *needles, code=2):
+    """Exit code, one stderr line naming what is wrong, and nothing written."""
+    assert r.returncode == code, r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("stepscope: "), r.stderr
+    for n in needles:
+        assert n in lines[0], (n, r.stderr)
+    assert list(tmp_path.iterdir()) == [], "a refused run created files"
+
+
+def nested(spans):
+    """spans: [(begin, end)]; True when no two spans partially overlap."""
+    stack = []
+    for b, e in sorted(spans, key=lambda s: (s[0], -(s[1] - s[0]))):
+        while stack and stack[-1] <= b:
+            stack.pop()
+        if stack and e > stack[-1]:
+            return False
+        stack.append(e)
+    return True
+
+
+def tensorboard_scalars(logdir):
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except Exception as e:  # ImportError or a broken install
+        pytest.skip(f"tensorboard not importable: {e!r}")
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return acc
+
+
+# ---- 1. dry run -------------------------------------------------------------------------------
+
+def test_dry_run_tiny_plan(tmp_path):
+    r = stepscope(tmp_path, "model_name=tiny", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    plan = parse_plan(r.stdout)
+    s = shape_of("tiny")
+    assert int(plan["num_parameters"]) == qwen3_params(**s) == 90496
+    # per_device_tflops: exactly four decimals, MaxText's formula (B=2, S=256 from base.yml)
+    m = re.search(r"^per_device_tflops: (\d+\.\d{4})$", r.stdout, re.M)
+    assert m, r.stdout
+    assert m.group(1) == f"{maxtext_tflops(B=2, S=256, **s):.4f}"
+    assert int(plan["tokens_per_device_per_step"]) == 2 * 256
+    # memory plan: the parts sum to the total; params and grads are fp32
+    parts = ["memory_parameters_bytes", "memory_gradients_bytes", "memory_optimizer_state_bytes",
+             "memory_saved_activations_bytes", "memory_scratch_bytes"]
+    for k in parts + ["memory_total_bytes", "memory_total_gib", "memory_available_bytes"]:
+        assert k in plan, k
+    total = int(plan["memory_total_bytes"])
+    assert sum(int(plan[k]) for k in parts) == total
+    assert int(plan["memory_parameters_bytes"]) == 4 * 90496
+    assert int(plan["memory_gradients_bytes"]) == 4 * 90496
+    assert int(plan["memory_optimizer_state_bytes"]) >= 8 * 90496   # Adam m and v
+    assert plan["memory_total_gib"] == f"{total / 2**30:.3f}"
+    # the merged config is printed too
+    assert plan["model_name"] == "tiny" and plan["vocab_size"] == "256"
+    # nothing written: not the out dir, not anything in cwd
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_untied_adds_lm_head(tmp_path):
+    r = stepscope(tmp_path, "model_name=tiny", "logits_via_embedding=false", "override_model_config=true",
+                  "--dry-run")
+    assert r.returncode == 0, r.stderr
+    s = dict(shape_of("tiny"), tied=False)
+    assert int(parse_plan(r.stdout)["num_parameters"]) == qwen3_params(**s) == 90496 + 256 * 64
+    assert "tied=false" in r.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("preset,tflops", [("qwen3-0.6b", "8.7666"), ("qwen3-8b", "96.7076")])
+def test_dry_run_maxtext_tflops(tmp_path, preset, tflops):
+    # memory_limit_gib: the plan check must not depend on this machine's memory
+    r = stepscope(tmp_path, f"model_name={preset}", "per_device_batch_size=1", "max_target_length=2048",
+                  "memory_limit_gib=4096", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    plan = parse_plan(r.stdout)
+    assert plan["per_device_tflops"] == tflops          # MaxText's numbers for this shape
+    s = shape_of(preset)
+    assert f"{maxtext_tflops(B=1, S=2048, **s):.4f}" == tflops
+    assert int(plan["num_parameters"]) == qwen3_params(**s)
+    parts = ["memory_parameters_bytes", "memory_gradients_bytes", "memory_optimizer_state_bytes",
+             "memory_saved_activations_bytes", "memory_scratch_bytes"]
+    assert sum(int(plan[k]) for k in parts) == int(plan["memory_total_bytes"])
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- 2. a tiny run ----------------------------------------------------------------------------
+
+def test_tiny_run_outputs(tmp_path):
+    r = train(tmp_path, "steps=5", "learning_rate=1e-2")
+    out = r.stdout.splitlines()
+
+    # console: five step lines in order, then a summary block
+    step_lines = [l for l in out if l.startswith("completed step:")]
+    assert len(step_lines) == 5, r.stdout
+    matches = [STEP_RE.match(l) for l in step_lines]
+    assert all(matches), step_lines
+    assert [int(m.group(1)) for m in matches] == [0, 1, 2, 3, 4]
+    assert all(int(m.group(6)) == 512 for m in matches)          # B*S tokens
+    i_sum = out.index("summary over steps 1..4 (4 steps; step 0 left out):")
+    assert i_sum > out.index(step_lines[-1])
+    block = out[i_sum + 1:i_sum + 5]
+    assert block[0].startswith("  step time     median ")
+    assert block[1].startswith("  tokens/s/device ")
+    assert block[2].startswith("  TFLOP/s/device  ")
+    assert block[3].startswith("  MFU             ") and f"of {PEAK:.4f} TFLOP/s" in block[3]
+
+    # metrics.jsonl: five records with the documented keys and consistent arithmetic
+    recs, lines = read_metrics(tmp_path)
+    assert len(recs) == 5
+    assert list(run_dir(tmp_path).glob("*.partial")) == []
+    tflops = maxtext_tflops(B=2, S=256, **shape_of("tiny"))
+    for i, (rec, m) in enumerate(zip(recs, matches)):
+        assert METRIC_KEYS <= set(rec), METRIC_KEYS - set(rec)
+        assert rec["step"] == i and rec["run_name"] == RUN
+        assert rec["learning/current_learning_rate"] == pytest.approx(1e-2, rel=1e-12)
+        assert rec["perf/per_device_tokens"] == 512
+        t = rec["perf/step_time_seconds"]
+        assert t > 0
+        assert rec["perf/per_device_tflops"] == pytest.approx(tflops, abs=5e-7)
+        assert rec["perf/per_device_tokens_per_sec"] == pytest.approx(512 / t, rel=2e-3)
+        assert rec["perf/per_device_tflops_per_sec"] == pytest.approx(tflops / t, rel=2e-3)
+        assert rec["perf/mfu"] == pytest.approx(rec["perf/per_device_tflops_per_sec"] / PEAK, rel=2e-3, abs=2e-6)
+        assert 0 <= rec["perf/data_wait_seconds"] <= t
+        # clipping at 1.0 (base.yml): grad_norm = min(raw, 1)
+        raw, g = rec["learning/raw_grad_norm"], rec["learning/grad_norm"]
+        assert g == pytest.approx(min(raw, 1.0), rel=1e-5)
+        # the console line shows the same numbers, rounded
+        assert float(m.group(7)) == pytest.approx(rec["learning/loss"], abs=5.01e-5)
+        assert float(m.group(2)) == pytest.approx(t, abs=5.01e-4)
+        assert float(m.group(4)) == pytest.approx(rec["perf/per_device_tokens_per_sec"], abs=1e-3)
+    losses = [rec["learning/loss"] for rec in recs]
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[0] == pytest.approx(math.log(256), abs=0.1)   # near-uniform at init
+    assert losses[4] < losses[0] - 0.2, losses                 # learning_rate=1e-2 learns
+
+    # no profile with profiler=""
+    assert not (run_dir(tmp_path) / "tensorboard" / "plugins").exists()
+
+    # TensorBoard: the same values per step
+    tb = run_dir(tmp_path) / "tensorboard" / RUN
+    assert len(list(tb.glob("events.out.tfevents.*"))) == 1
+    acc = tensorboard_scalars(tb)
+    assert METRIC_KEYS - {"step", "run_name"} <= set(acc.Tags()["scalars"])
+    ev = acc.Scalars("learning/loss")
+    assert [e.step for e in ev] == [0, 1, 2, 3, 4]
+    for e, x in zip(ev, losses):
+        # the TB value is float32(loss); metrics.jsonl holds %.8g of the double, which can land
+        # on the other side of a float32 rounding midpoint, so allow one float32 ulp.
+        f = np.float32(x)
+        assert abs(np.float32(e.value) - f) <= np.spacing(f), (e.value, x)
+    st = acc.Scalars("perf/step_time_seconds")
+    assert [e.step for e in st] == [0, 1, 2, 3, 4]
+    for e, rec in zip(st, recs):
+        assert e.value == pytest.approx(rec["perf/step_time_seconds"], abs=1e-6)
+
+
+# ---- 3. refusals ------------------------------------------------------------------------------
+
+def test_refuses_unknown_key(tmp_path):
+    r = stepscope(tmp_path, *FAST, "learning_rat=1")
+    assert_refused(r, tmp_path, "learning_rat", "did you mean", "learning_rate")
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("arg,needles", [
+    ("steps=0", ["steps=0", "out of range", ">= 1"]),
+    ("steps=abc", ["'abc'", "steps", "not an integer"]),
+    ("learning_rate=nan", ["'nan'", "learning_rate", "not a finite number"]),
+    ("learning_rate=-1", ["learning_rate", "out of range"]),
+    ("dtype=int8", ["'int8'", "dtype", "float32"]),
+    ("dtype=bfloat16", ["dtype=bfloat16", "not implemented"]),
+    ("adam_b1=1", ["adam_b1", "out of range", "[0, 1)"]),
+    ("use_qk_norm=maybe", ["use_qk_norm", "not a bool"]),
+    ("dataset_type=parquet", ["dataset_type=parquet", "not allowed", "synthetic"]),
+    ("remat_policy=minimal", ["remat_policy=minimal", "not supported"]),
+    ("stepsx", ["malformed override", "key=value"]),
+])
+def test_refuses_bad_values(tmp_path, arg, needles):
+    r = stepscope(tmp_path, *FAST, arg)
+    assert_refused(r, tmp_path, *needles)
+    assert r.stdout == ""
+
+
+def test_refuses_heads_not_divisible(tmp_path):
+    r = stepscope(tmp_path, "model_name=default", f"device_peak_tflops={PEAK}",
+                  "base_num_query_heads=6", "base_num_kv_heads=4")
+    assert_refused(r, tmp_path, "base_num_query_heads=6", "base_num_kv_heads=4", "multiple")
+
+
+def test_refuses_profiler_window_past_last_step(tmp_path):
+    r = stepscope(tmp_path, "model_name=tiny", f"device_peak_tflops={PEAK}", "profiler=xplane", "steps=3",
+                  "skip_first_n_steps_for_profiler=3")
+    assert_refused(r, tmp_path, "skip_first_n_steps_for_profiler=3", "steps=3")
+
+
+def test_preset_keys_need_override_model_config(tmp_path):
+    r = stepscope(tmp_path, "model_name=qwen3-0.6b", "base_emb_dim=512", "--dry-run")
+    assert_refused(r, tmp_path, "base_emb_dim", "qwen3-0.6b", "override_model_config=true")
+    assert r.stdout == ""
+    r = stepscope(tmp_path, "model_name=qwen3-0.6b", "base_emb_dim=512", "override_model_config=true",
+                  "memory_limit_gib=4096", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    plan = parse_plan(r.stdout)
+    assert plan["base_emb_dim"] == "512" and " D=512 " in plan["shape"]
+    assert int(plan["num_parameters"]) == qwen3_params(**dict(shape_of("qwen3-0.6b"), D=512))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_refuses_missing_config_file(tmp_path):
+    r = stepscope(tmp_path, *FAST, config=tmp_path / "nope.yml")
+    assert_refused(r, tmp_path, "nope.yml", "No such file")
+    r = stepscope(tmp_path, *FAST, config=None)
+    assert_refused(r, tmp_path, "no config file")
+
+
+def test_refuses_unknown_preset(tmp_path):
+    r = stepscope(tmp_path, "model_name=qwen9-1t", f"device_peak_tflops={PEAK}")
+    assert_refused(r, tmp_path, "qwen9-1t", "not found", "tiny", "qwen3-0.6b")
+
+
+def test_refuses_unknown_option(tmp_path):
+    r = stepscope(tmp_path, *FAST, "--dryrun")
+    assert_refused(r, tmp_path, "--dryrun")
+
+
+def test_refuses_memory_plan_over_budget(tmp_path):
+    # a budget smaller than the tiny plan: refused before anything is written
+    r = stepscope(tmp_path, *FAST, "memory_limit_gib=0.001")
+    assert_refused(r, tmp_path, "memory plan", "per_device_batch_size", "remat_policy=full")
+    # a dry run prints the plan, then refuses the same way
+    r = stepscope(tmp_path, "model_name=tiny", "memory_limit_gib=0.001", "--dry-run")
+    assert_refused(r, tmp_path, "memory plan", "per_device_batch_size", "remat_policy=full")
+    plan = parse_plan(r.stdout)
+    assert int(plan["memory_total_bytes"]) > int(plan["memory_available_bytes"]) == int(0.001 * 2**30)
+    # with remat already full it does not suggest remat
+    r = stepscope(tmp_path, "model_name=tiny", "memory_limit_gib=0.001", "remat_policy=full", "--dry-run")
+    assert_refused(r, tmp_path, "memory plan", "per_device_batch_size")
+    assert "remat_policy" not in r.stderr
+
+
+def test_refuses_qwen3_32b_on_this_machine(tmp_path):
+    # 32B parameters in fp32 with Adam are > 500 GiB: over any test machine's memory
+    r = stepscope(tmp_path, "model_name=qwen3-32b", "--dry-run")
+    assert_refused(r, tmp_path, "memory plan", "per_device_batch_size", "remat_policy")
+    assert "memory_total_bytes:" in r.stdout
+
+
+# ---- 4. token files and determinism -----------------------------------------------------------
+
+def write_tokens(path, ids):
+    np.asarray(ids, dtype="<u4").tofile(path)
+    return path
+
+
+def test_token_file_run(tmp_path):
+    rng = np.random.default_rng(0)
+    f = write_tokens(tmp_path / "ids.bin", rng.integers(0, 256, size=3000))
+    r = train(tmp_path, "steps=3", "dataset_type=tokens", f"dataset_path={f}")
+    recs, lines = read_metrics(tmp_path)
+    assert [x["step"] for x in recs] == [0, 1, 2]
+    assert all(math.isfinite(x["learning/loss"]) for x in recs)
+    # a different data source: the losses differ from the synthetic run's
+    train(tmp_path, "steps=3", run_name="syn")
+    _, syn = read_metrics(tmp_path, "syn")
+    assert raw_losses(lines) != raw_losses(syn)
+
+
+def test_token_file_id_out_of_vocab(tmp_path):
+    ids = np.arange(3000) % 256
+    ids[1234] = 256
+    f = write_tokens(tmp_path / "ids.bin", ids)
+    r = stepscope(tmp_path, *FAST, "dataset_type=tokens", f"dataset_path={f}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "vocab_size 256" in r.stderr and "id 256" in r.stderr and "index 1234" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_token_file_too_short(tmp_path):
+    f = write_tokens(tmp_path / "ids.bin", np.arange(256) % 256)   # one window needs S+1 = 257
+    r = stepscope(tmp_path, *FAST, "dataset_type=tokens", f"dataset_path={f}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "256 tokens" in r.stderr and "257" in r.stderr and "max_target_length" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+    g = tmp_path / "odd.bin"
+    g.write_bytes(b"\x01\x00\x00\x00" * 300 + b"\x00\x00")
+    r = stepscope(tmp_path, *FAST, "dataset_type=tokens", f"dataset_path={g}")
+    assert r.returncode == 1 and "not a multiple of 4" in r.stderr, r.stderr
+    r = stepscope(tmp_path, *FAST, "dataset_type=tokens", f"dataset_path={tmp_path / 'missing.bin'}")
+    assert r.returncode == 1 and "missing.bin" in r.stderr, r.stderr
+    # dataset_type=tokens without a path is a config error
+    r = stepscope(tmp_path, *FAST, "dataset_type=tokens")
+    assert r.returncode == 2 and "dataset_path" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_metrics_json_escapes_run_name(tmp_path):
+    name = 'q"b\\c'
+    train(tmp_path, "steps=1", run_name=name)
+    recs, _ = read_metrics(tmp_path, name)
+    assert recs[0]["run_name"] == name
+
+
+def test_runs_are_deterministic(tmp_path):
+    train(tmp_path, "steps=4", run_name="a")
+    train(tmp_path, "steps=4", run_name="b")
+    _, a = read_metrics(tmp_path, "a")
+    _, b = read_metrics(tmp_path, "b")
+    assert raw_losses(a) == raw_losses(b)
+    ga = [re.search(r'"learning/raw_grad_norm": ([^,]+),', l).group(1) for l in a]
+    gb = [re.search(r'"learning/raw_grad_norm": ([^,]+),', l).group(1) for l in b]
+    assert ga == gb
+    # a different data_seed changes them
+    train(tmp_path, "steps=4", "data_seed=1", run_name="c")
+    _, c = read_metrics(tmp_path, "c")
+    assert raw_losses(c) != raw_losses(a)
+
+
+def test_thread_count_does_not_change_results(tmp_path):
+    rng = np.random.default_rng(1)
+    f = write_tokens(tmp_path / "ids.bin", rng.integers(0, 256, size=5000))
+    for n in (1, 2):
+        train(tmp_path, "steps=4", f"num_threads={n}", run_name=f"t{n}")
+        train(tmp_path, "steps=3", f"num_threads={n}", "dataset_type=tokens", f"dataset_path={f}",
+              run_name=f"k{n}")
+    _, t1 = read_metrics(tmp_path, "t1")
+    _, t2 = read_metrics(tmp_path, "t2")
+    assert raw_losses(t1) == raw_losses(t2)
+    _, k1 = read_metrics(tmp_path, "k1")
+    _, k2 = read_metrics(tmp_path, "k2")
+    assert raw_losses(k1) == raw_losses(k2)
+    g1 = [json.loads(l)["learning/raw_grad_norm"] for l in t1]
+    g2 = [json.loads(l)["learning/raw_grad_norm"] for l in t2]
+    assert g1 == g2
+
+
+# ---- 5. the loss of step N is read only after step N+1 has started ----------------------------
+
+def test_loss_read_one_step_late(tmp_path):
+    log = tmp_path / "events.txt"
+    train(tmp_path, "steps=4", env_extra={"STEPSCOPE_EVENT_LOG": str(log)})
+    events = log.read_text().splitlines()
+    assert sorted(events) == sorted([f"start {i}" for i in range(4)] + [f"read {i}" for i in range(4)]), events
+    pos = {e: i for i, e in enumerate(events)}
+    for n in range(3):
+        assert pos[f"read {n}"] > pos[f"start {n + 1}"], events
+    assert pos["read 3"] > pos["start 3"], events
+    # reads in order, starts in order
+    assert [e for e in events if e.startswith("read")] == [f"read {i}" for i in range(4)]
+    assert [e for e in events if e.startswith("start")] == [f"start {i}" for i in range(4)]
+
+
+# ---- 6. data prefetch -------------------------------------------------------------------------
+
+def test_slow_data_wait_is_visible(tmp_path):
+    # The producer needs 150 ms per batch and starts batch N+1 as soon as batch N is handed over,
+    # so step N waits 150 ms minus step N-1's compute. Step 1 overlaps the cold step 0 (tens of
+    # ms on a busy machine); from step 2 on the step is ~10 ms, so the wait is ~140 ms.
+    train(tmp_path, "steps=5", "data_delay_ms=150", run_name="slow")
+    recs, _ = read_metrics(tmp_path, "slow")
+    waits = [rec["perf/data_wait_seconds"] for rec in recs]
+    times = [rec["perf/step_time_seconds"] for rec in recs]
+    assert all(w >= 0.1 for w in waits[2:]), waits
+    assert waits[1] >= 0.05, waits
+    assert all(t >= w for t, w in zip(times, waits)), (times, waits)
+    # the run cannot go faster than the data: 5 batches at 150 ms each
+    assert sum(times) >= 5 * 0.15 - 0.05, times
+
+
+def test_fast_data_is_prefetched(tmp_path):
+    train(tmp_path, "steps=4", "data_delay_ms=0", run_name="fast")
+    recs, _ = read_metrics(tmp_path, "fast")
+    waits = [rec["perf/data_wait_seconds"] for rec in recs[1:]]
+    assert all(w < 0.01 for w in waits), waits
+
+
+# ---- 7. profiler ------------------------------------------------------------------------------
+
+def test_profile_files(tmp_path):
+    r = stepscope(tmp_path, "model_name=tiny", f"device_peak_tflops={PEAK}", f"run_name={RUN}", "steps=5",
+                  "profiler=xplane", "skip_first_n_steps_for_profiler=1", "profiler_steps=2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    prof = run_dir(tmp_path) / "tensorboard" / "plugins" / "profile"
+    dirs = list(prof.iterdir())
+    assert len(dirs) == 1 and re.fullmatch(r"\d{4}_\d{2}_\d{2}_\d{2}_\d{2}_\d{2}", dirs[0].name), dirs
+    files = sorted(p.name for p in dirs[0].iterdir())
+    xplanes = [n for n in files if n.endswith(".xplane.pb")]
+    assert len(xplanes) == 1, files
+    host = xplanes[0][:-len(".xplane.pb")]
+    assert host and "/" not in host and ":" not in host
+    assert files == sorted([f"{host}.xplane.pb", f"{host}.trace.json.gz", "op_summary.json"])
+    for n in files:
+        assert str(dirs[0] / n) in r.stdout        # listed under "files written:"
+
+    # Chrome trace: gzip JSON, two "train" spans for steps 1 and 2, X events nest per thread
+    doc = json.loads(gzip.decompress((dirs[0] / f"{host}.trace.json.gz").read_bytes()))
+    events = doc["traceEvents"]
+    trains = sorted((e for e in events if e.get("name") == "train"), key=lambda e: e["ts"])
+    assert len(trains) == 2 and all(e["ph"] == "X" for e in trains)
+    assert [e["args"]["step_num"] for e in trains] == [1, 2]
+    assert len({e["tid"] for e in trains}) == 1
+    by_tid = {}
+    for e in events:
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+            by_tid.setdefault(e["tid"], []).append((round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)))
+    assert len(by_tid) >= 2          # the compute lane and the data lane
+    for tid, spans in by_tid.items():
+        assert nested(spans), f"thread {tid}: X events overlap partially"
+    # every X event on the compute lane lies inside one of the two train spans
+    t0 = trains[0]["tid"]
+    windows = [(round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)) for e in trains]
+    for b, e in by_tid[t0]:
+        assert any(wb <= b and e <= we for wb, we in windows), (b, e)
+
+    summ = json.loads((dirs[0] / "op_summary.json").read_text())
+    assert summ["first_step"] == 1 and summ["last_step"] == 2 and summ["num_steps"] == 2
+
+    # console: the op summary table
+    assert "op summary, profiled steps 1..2:" in r.stdout
+    assert re.search(r"^category\s+part\s+calls\s+total ms", r.stdout, re.M)
+    assert re.search(r"^total \(train steps\)\s+2\s", r.stdout, re.M)
+    # metrics still cover every step
+    recs, _ = read_metrics(tmp_path)
+    assert [x["step"] for x in recs] == [0, 1, 2, 3, 4]
+
+    # XProf's own reader, when installed
+    try:
+        from xprof.convert import raw_to_tool_data
+    except Exception as e:
+        pytest.skip(f"xprof not importable: {e!r}")
+    path = str(dirs[0] / f"{host}.xplane.pb")
+    data, _ = raw_to_tool_data.xspace_to_tool_data([path], "overview_page", {})
+    tables = json.loads(data)
+    step_table = next(t for t in tables if any(c.get("id") == "stepnum" for c in t.get("cols", [])))
+    assert [row["c"][0]["v"] for row in step_table["rows"]] == ["train 1", "train 2"]
+    data, _ = raw_to_tool_data.xspace_to_tool_data([path], "trace_viewer", {})
+    trace = json.loads(data)
+    names = {ev.get("args", {}).get("step_name") or ev.get("name") for ev in trace["traceEvents"]}
+    assert {n for n in names if isinstance(n, str) and re.fullmatch(r"train \d+", n)} == {"train 1", "train 2"}
+
+
+def test_profiler_off_writes_no_profile(tmp_path):
+    r = train(tmp_path, "steps=3")      # FAST has profiler=
+    assert not (run_dir(tmp_path) / "tensorboard" / "plugins").exists()
+    assert "op summary" not in r.stdout and ".xplane.pb" not in r.stdout
+
+
+# ---- 8. --help and --version ------------------------------------------------------------------
+
+def test_help_lists_every_key(tmp_path):
+    r = subprocess.run([str(BIN), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stderr == ""
+    keys = re.findall(r"^KEY\((\w+),", (ROOT / "src" / "config" / "config_keys.def").read_text(), re.M)
+    assert len(keys) > 40
+    listed = {l.split()[0] for l in r.stdout.splitlines() if l.strip()}
+    missing = [k for k in keys if k not in listed]
+    assert not missing, missing
+    # base.yml uses only known keys, and every key of base.yml is in --help
+    for k in read_yaml_flat(CONFIG):
+        assert k in listed, k
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_version(tmp_path):
+    r = subprocess.run([str(BIN), "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    assert re.fullmatch(r"stepscope \d+\.\d+\.\d+\n", r.stdout), r.stdout
+
+
+# ---- 9. divergence aborts ---------------------------------------------------------------------
+
+TINY_LAYER = [  # (suffix, rows, cols) as in QWEN3_LAYER_TENSORS, tiny shape
+    ("input_layernorm.weight", 64, 0), ("self_attn.q_proj.weight", 64, 64), ("self_attn.k_proj.weight", 32, 64),
+    ("self_attn.v_proj.weight", 32, 64), ("self_attn.q_norm.weight", 16, 0), ("self_attn.k_norm.weight", 16, 0),
+    ("self_attn.o_proj.weight", 64, 64), ("post_attention_layernorm.weight", 64, 0),
+    ("mlp.gate_proj.weight", 128, 64), ("mlp.up_proj.weight", 128, 64), ("mlp.down_proj.weight", 64, 128),
+]
+
+
+def write_tiny_safetensors(path, nan_tensor=None):
+    """A tiny-shaped Qwen3 checkpoint (F32); nan_tensor is filled with NaN."""
+    rng = np.random.default_rng(0)
+    tensors = [("model.embed_tokens.weight", (256, 64))]
+    for l in range(2):
+        tensors += [(f"model.layers.{l}.{s}", (r, c) if c else (r,)) for s, r, c in TINY_LAYER]
+    tensors.append(("model.norm.weight", (64,)))
+    header, blobs, off = {}, [], 0
+    for name, shape in tensors:
+        a = (np.ones(shape) if len(shape) == 1 else 0.02 * rng.standard_normal(shape)).astype("<f4")
+        if name == nan_tensor:
+            a[:] = np.nan
+        b = a.tobytes()
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    return path
+
+
+def test_abort_on_nan_loss(tmp_path):
+    ok = write_tiny_safetensors(tmp_path / "ok.safetensors")
+    train(tmp_path, "steps=2", f"load_parameters_path={ok}", run_name="ok")   # the file itself loads
+    bad = write_tiny_safetensors(tmp_path / "nan.safetensors", nan_tensor="model.norm.weight")
+    r = stepscope(tmp_path, *FAST, "run_name=nan", "steps=5", f"load_parameters_path={bad}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r"loss is NaN at step 0\b", r.stderr), r.stderr
+    assert "abort_on_nan_loss" in r.stderr
+    recs, lines = read_metrics(tmp_path, "nan")     # renamed, no .partial
+    assert [x["step"] for x in recs] == [0]
+    # written as Python's json (and MaxText) writes it, not printf's "nan"/"-nan"
+    assert math.isnan(recs[0]["learning/loss"]) and '"learning/loss": NaN,' in lines[0], lines[0]
+    assert re.search(r"^completed step: 0, .* loss: -?nan$", r.stdout, re.M | re.I), r.stdout
+    # abort_on_nan_loss=false keeps going
+    r = stepscope(tmp_path, *FAST, "run_name=nan2", "steps=3", f"load_parameters_path={bad}",
+                  "abort_on_nan_loss=false")
+    assert r.returncode == 0, r.stdout + r.stderr
+    recs, _ = read_metrics(tmp_path, "nan2")
+    assert [x["step"] for x in recs] == [0, 1, 2]
+
+
+def test_abort_on_non_finite_gradient(tmp_path):
+    # an absurd learning rate without clipping blows the weights up within a few steps
+    r = stepscope(tmp_path, *FAST, f"run_name={RUN}", "steps=20", "learning_rate=1e30",
+                  "gradient_clipping_threshold=0")
+    assert r.returncode == 1, r.stdout + r.stderr
+    m = re.search(r"(?:gradient norm is not finite|loss is (?:NaN|Inf)) at step (\d+)", r.stderr)
+    assert m, r.stderr
+    step = int(m.group(1))
+    recs, _ = read_metrics(tmp_path)
+    assert [x["step"] for x in recs] == list(range(step + 1))   # up to and including the bad step
+    assert step < 19
+
+
+# ---- 10. SIGINT -------------------------------------------------------------------------------
+
+def test_sigint_stops_cleanly(tmp_path):
+    cmd = [str(BIN), str(CONFIG), f"base_output_directory={tmp_path / 'out'}", *FAST, f"run_name={RUN}",
+           "steps=200", "data_delay_ms=10"]
+    env = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_EVENT_LOG"}
+    p = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 30
+        for line in p.stdout:
+            seen.append(line)
+            if line.startswith("completed step: 0,"):
+                break
+            assert time.monotonic() < deadline
+        p.send_signal(signal.SIGINT)
+        rest, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    out = "".join(seen) + rest
+    assert p.returncode == 130, out + err
+    m = re.search(r"interrupted by SIGINT after step (\d+)", err)
+    assert m, err
+    last = int(m.group(1))
+    assert 0 <= last < 199
+    steps = [int(x) for x in re.findall(r"^completed step: (\d+),", out, re.M)]
+    assert steps == list(range(last + 1))
+    assert "summary" in out
+    recs, _ = read_metrics(tmp_path)           # renamed, no .partial
+    assert [x["step"] for x in recs] == list(range(last + 1))
+    assert "metrics.jsonl" in out              # "files written:"
