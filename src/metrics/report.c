@@ -88,12 +88,12 @@ static void json_write_string(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-/* %.8g, or NaN / Infinity / -Infinity as Python's json (and so MaxText's metrics file) writes
+/* %.17g (every bit of the double, so runs compare exactly), or NaN / Infinity / -Infinity as Python's json (and so MaxText's metrics file) writes
  * them: printf's "nan", "-nan" and "inf" are not readable by any JSON parser. */
 static const char *json_number(char *buf, size_t n, double v) {
     if (isnan(v)) snprintf(buf, n, "NaN");
     else if (isinf(v)) snprintf(buf, n, "%sInfinity", v < 0 ? "-" : "");
-    else snprintf(buf, n, "%.8g", v);
+    else snprintf(buf, n, "%.17g", v);
     return buf;
 }
 

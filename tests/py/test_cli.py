@@ -375,6 +375,9 @@ def test_refuses_memory_plan_over_budget(tmp_path):
 def test_refuses_qwen3_32b_on_this_machine(tmp_path):
     # 32B parameters in fp32 with Adam are > 500 GiB: over any test machine's memory
     r = stepscope(tmp_path, "model_name=qwen3-32b", "--dry-run")
+    plan = parse_plan(r.stdout)
+    if r.returncode == 0 and int(plan["memory_total_bytes"]) <= int(plan["memory_available_bytes"]):
+        pytest.skip("this machine has the memory for qwen3-32b")
     assert_refused(r, tmp_path, "memory plan", "per_device_batch_size", "remat_policy")
     assert "memory_total_bytes:" in r.stdout
 
@@ -486,16 +489,18 @@ def test_loss_read_one_step_late(tmp_path):
 # ---- 6. data prefetch -------------------------------------------------------------------------
 
 def test_slow_data_wait_is_visible(tmp_path):
-    # The producer needs 150 ms per batch and starts batch N+1 as soon as batch N is handed over,
-    # so step N waits 150 ms minus step N-1's compute. Step 1 overlaps the cold step 0 (tens of
-    # ms on a busy machine); from step 2 on the step is ~10 ms, so the wait is ~140 ms.
+    # The producer needs 150 ms per batch and starts batch N as soon as batch N-1 is handed over,
+    # so step N waits 150 ms minus step N-1's compute: wait[N] + compute[N-1] >= 150 ms, where
+    # compute = step time - wait. On an idle machine a step is ~10 ms and the wait ~140 ms; on an
+    # oversubscribed one the step takes longer and the wait shrinks to match, never vanishes.
     train(tmp_path, "steps=5", "data_delay_ms=150", run_name="slow")
     recs, _ = read_metrics(tmp_path, "slow")
     waits = [rec["perf/data_wait_seconds"] for rec in recs]
     times = [rec["perf/step_time_seconds"] for rec in recs]
-    assert all(w >= 0.1 for w in waits[2:]), waits
-    assert waits[1] >= 0.05, waits
     assert all(t >= w for t, w in zip(times, waits)), (times, waits)
+    for n in range(1, 5):
+        assert waits[n] >= 0.05, waits                      # visible, not hidden in the step
+        assert waits[n] + (times[n - 1] - waits[n - 1]) >= 0.14, (n, times, waits)
     # the run cannot go faster than the data: 5 batches at 150 ms each
     assert sum(times) >= 5 * 0.15 - 0.05, times
 
