@@ -29,8 +29,11 @@ print(f"profiled window: steps {first}..{last}, {rounds} interleaved rounds of e
 print(f"median step time, profiler off: {win_off*1e3:9.3f} ms")
 print(f"median step time, profiler on : {win_on*1e3:9.3f} ms   ratio on/off = {win_on/win_off:.4f}")
 med_on = statistics.median([t for run in on for t in run[1:]])
-print("steps at the window edges (profiler on), median over rounds, as a ratio to the run's median step:")
+med_off = statistics.median([t for run in off for t in run[1:]])
+print("steps at the window edges, median over rounds, as a ratio to the runs' median step (step 0 left out):")
+print("            profiler on             profiler off (same step, for scale)")
 for s in (first - 1, first, last, last + 1):
     m = statistics.median([run[s] for run in on])
-    print(f"  step {s:2d}: {m*1e3:9.3f} ms   ratio {m/med_on:.4f}")
+    o = statistics.median([run[s] for run in off])
+    print(f"  step {s:2d}: {m*1e3:9.3f} ms  {m/med_on:.4f}    {o*1e3:9.3f} ms  {o/med_off:.4f}")
 PY
