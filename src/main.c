@@ -66,6 +66,8 @@ int main(int argc, char **argv) {
         return rc;
     }
     if (dry_run) return 0;
+    /* Set-up (arena touch, parameter init) runs on this thread's team: same size as the step's. */
+    omp_set_num_threads(threads);
     rc = loop_run(&cfg, &plan, err, sizeof err);
     if (rc != 0) fprintf(stderr, "stepscope: %s\n", err);
     return rc;
