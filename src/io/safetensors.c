@@ -2,6 +2,7 @@
  * is checked against the mapping before a tensor pointer is handed out, so a truncated or
  * hand-edited file gives one line naming the file and the problem, never a crash. */
 #include "io/safetensors.h"
+#include "util/atomic_file.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -576,34 +577,6 @@ static void sb_json_string(strbuf_t *b, const char *s) {
     sb_put(b, "\"", 1);
 }
 
-static int write_all(int fd, const void *data, size_t n) {
-    const char *p = data;
-    while (n > 0) {
-        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* fsync the directory holding path so the rename itself is durable. Best effort. */
-static void fsync_parent_dir(const char *path) {
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : dup_str(".");
-    if (!dir) return;
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    free(dir);
-}
-
 /* Header JSON in the Python library's layout, padded with spaces to a multiple of 8 bytes so
  * the data section starts 8-aligned. Checks entries; returns the total data size in *data_size. */
 static int build_header(strbuf_t *h, const st_write_entry_t *entries, size_t n,
@@ -704,6 +677,26 @@ static int check_unique_names(const st_write_entry_t *entries, size_t n, const c
     return rc;
 }
 
+/* The file body after the header is known: 8-byte length, header, tensor data in order. */
+typedef struct st_body {
+    const strbuf_t *header;
+    const st_write_entry_t *entries;
+    size_t n;
+} st_body_t;
+
+static int write_body(FILE *f, void *ctx, char *err, size_t errlen) {
+    const st_body_t *b = ctx;
+    uint64_t hlen = b->header->len;
+    int ok = fwrite(&hlen, 8, 1, f) == 1 && fwrite(b->header->buf, 1, b->header->len, f) == b->header->len;
+    for (size_t i = 0; ok && i < b->n; i++) {
+        size_t numel = 1;
+        for (int d = 0; d < b->entries[i].ndim; d++) numel *= (size_t)b->entries[i].shape[d];
+        if (numel) ok = fwrite(b->entries[i].data, sizeof(float), numel, f) == numel;
+    }
+    if (!ok && err && errlen) snprintf(err, errlen, "write failed: %s", strerror(errno));
+    return ok ? 0 : -1;
+}
+
 int safetensors_write_f32(const char *path, const st_write_entry_t *entries, size_t n,
                           const char *const *meta_keys, const char *const *meta_values,
                           size_t num_meta, char *err, size_t errlen) {
@@ -720,52 +713,9 @@ int safetensors_write_f32(const char *path, const st_write_entry_t *entries, siz
         return -1;
     }
 
-    size_t tlen = strlen(path) + 32;
-    char *tmp = malloc(tlen);
-    if (!tmp) {
-        free(h.buf);
-        set_err(err, errlen, path, "out of memory");
-        return -1;
-    }
-    snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        set_err(err, errlen, path, "cannot create %s: %s", tmp, strerror(errno));
-        free(tmp);
-        free(h.buf);
-        return -1;
-    }
-    const char *what = "write";
-    uint64_t hlen = h.len;
-    int ok = write_all(fd, &hlen, 8) == 0 && write_all(fd, h.buf, h.len) == 0;
-    for (size_t i = 0; ok && i < n; i++) {
-        size_t numel = 1;
-        for (int d = 0; d < entries[i].ndim; d++) numel *= (size_t)entries[i].shape[d];
-        if (numel) ok = write_all(fd, entries[i].data, numel * sizeof(float)) == 0;
-    }
-    if (ok && fsync(fd) != 0) {
-        ok = 0;
-        what = "fsync";
-    }
-    int saved = errno;
-    if (close(fd) != 0 && ok) {
-        ok = 0;
-        what = "close";
-        saved = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        what = "rename";
-        saved = errno;
-    }
-    if (!ok) {
-        set_err(err, errlen, path, "cannot %s %s: %s", what, tmp, strerror(saved));
-        unlink(tmp);
-    } else {
-        fsync_parent_dir(path);
-    }
+    st_body_t body = {.header = &h, .entries = entries, .n = n};
+    int rc = atomic_write_with(path, write_body, &body, err, errlen);
     (void)data_size;
-    free(tmp);
     free(h.buf);
-    return ok ? 0 : -1;
+    return rc == 0 ? 0 : -1;
 }
