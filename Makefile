@@ -20,9 +20,12 @@ LIB_SRC  := $(filter-out src/main.c,$(shell find src -name '*.c' | sort))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRC := $(shell find bench -maxdepth 1 -name '*.c' | sort)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test check clean
-all: $(BUILD)/stepscope $(TEST_BIN)
+.PHONY: all test check clean bench
+all: $(BUILD)/stepscope $(TEST_BIN) $(BENCH_BIN)
+bench: $(BENCH_BIN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -37,6 +40,9 @@ $(BUILD)/stepscope: $(BUILD)/src/main.o $(BUILD)/libstepscope.a
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libstepscope.a
 	$(CC) $(LDFLAGS) -o $@ $^ -lcmocka $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libstepscope.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 test: all
 	BUILDS=$(BUILD) tests/run.sh

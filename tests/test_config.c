@@ -381,15 +381,16 @@ static void test_unsupported(void **state) {
     char *b[] = {"weight_dtype=bfloat16"};
     expect_error("configs/base.yml", 1, b, "weight_dtype=bfloat16",
                  "master weights are float32 only", NULL);
-    char *d[] = {"dtype=bf16"};
-    expect_error("configs/base.yml", 1, d, "dtype=bfloat16",
-                 "bfloat16 compute is not implemented yet; use dtype=float32", NULL);
     char *r[] = {"remat_policy=minimal"};
     expect_error("configs/base.yml", 1, r, "remat_policy=minimal",
                  "not supported yet; use none or full", NULL);
     config_t c;
     char *ok[] = {"remat_policy=full"};
     expect_ok(&c, "configs/base.yml", 1, ok);
+    config_t cb;
+    char *bf[] = {"dtype=bf16"};
+    expect_ok(&cb, "configs/base.yml", 1, bf);
+    assert_int_equal(cb.dtype, DTYPE_BFLOAT16);
     assert_string_equal(c.remat_policy, "full");
 }
 

@@ -26,6 +26,7 @@
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/embed.h"
+#include "kernels/bf16.h"
 #include "kernels/gemm.h"
 #include "kernels/microgemm.h"
 #include "kernels/rmsnorm.h"
@@ -121,6 +122,67 @@ static void test_gemm_vs_naive(void **state) {
                     }
     CHECK_LE("gemm vs naive, worst rel Frobenius", worst, 1e-5);
     gemm_destroy(g);
+}
+
+/* gemm_bf16 against the naive fp32 gemm on the same values rounded to bf16: a product of two
+ * bf16 values is exact in fp32 (8 + 8 significant bits), so what is left is fp32 summation
+ * over K ≤ 300 terms, the same ~1e-6 as the fp32 case (bound 1e-5). All transposes,
+ * accumulate and padded leading dims. */
+static void test_gemm_bf16_vs_naive(void **state) {
+    (void)state;
+    static const int64_t shapes[][3] = {{37, 53, 29}, {1, 1, 1}, {64, 48, 300}, {17, 5, 3}, {3, 130, 64}};
+    test_rng_t rng = {2};
+    gemm_ctx_t *g = new_gemm();
+    double worst = 0.0;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int acc = 0; acc < 2; acc++) {
+                    int64_t M = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2], pad = 5;
+                    int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+                    int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb;
+                    float *A = falloc((size_t)na), *B = falloc((size_t)nb);
+                    float *C = falloc((size_t)(M * ldc)), *Cref = falloc((size_t)(M * ldc));
+                    bf16_t *A16 = malloc((size_t)na * sizeof(bf16_t)), *B16 = malloc((size_t)nb * sizeof(bf16_t));
+                    fill_uniform(A, (size_t)na, &rng, -1.0f, 1.0f);
+                    fill_uniform(B, (size_t)nb, &rng, -1.0f, 1.0f);
+                    bf16_from_f32_array(A16, A, na);
+                    bf16_from_f32_array(B16, B, nb);
+                    for (int64_t i = 0; i < na; i++) A[i] = bf16_to_f32(A16[i]);
+                    for (int64_t i = 0; i < nb; i++) B[i] = bf16_to_f32(B16[i]);
+                    fill_uniform(C, (size_t)(M * ldc), &rng, -1.0f, 1.0f);
+                    memcpy(Cref, C, (size_t)(M * ldc) * sizeof(float));
+                    gemm_bf16(g, ta, tb, M, N, K, A16, lda, B16, ldb, C, ldc, acc);
+                    gemm_f32_naive(ta, tb, M, N, K, A, lda, B, ldb, Cref, ldc, acc);
+                    double e = rel_err_2d(C, ldc, Cref, ldc, M, N);
+                    if (!(e < 1e-5)) fail_msg("gemm_bf16 ta=%d tb=%d acc=%d %ldx%ldx%ld: rel err %.3e", ta, tb, acc,
+                                              (long)M, (long)N, (long)K, e);
+                    worst = e > worst ? e : worst;
+                    free(A), free(B), free(C), free(Cref), free(A16), free(B16);
+                }
+    CHECK_LE("gemm_bf16 vs naive on bf16-rounded inputs, worst rel Frobenius", worst, 1e-5);
+    gemm_destroy(g);
+}
+
+/* The vector conversion rounds to nearest even like the scalar one, ties included, and keeps
+ * NaN a NaN: checked on ties (low 16 bits 0x8000, both parities), values just either side, and
+ * random normal numbers, over a length that exercises the 32-wide body and the tail. */
+static void test_bf16_rounding(void **state) {
+    (void)state;
+    const int64_t n = 1000;
+    float *x = falloc((size_t)n);
+    bf16_t *y = malloc((size_t)n * sizeof(bf16_t));
+    test_rng_t rng = {3};
+    fill_uniform(x, (size_t)n, &rng, -100.0f, 100.0f);
+    uint32_t patterns[] = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0xbf808000u, 0x7f7fffffu};
+    for (int i = 0; i < 6; i++) memcpy(&x[40 + i], &patterns[i], 4);
+    bf16_from_f32_array(y, x, n);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(y[i], bf16_from_f32(x[i]));
+    assert_int_equal(bf16_from_f32(1.0f + 1.0f / 256.0f), 0x3f80); /* tie, even below */
+    assert_int_equal(bf16_from_f32(1.0f + 3.0f / 256.0f), 0x3f82); /* tie, even above */
+    float nan = NAN;
+    assert_true(isnan(bf16_to_f32(bf16_from_f32(nan))));
+    free(x), free(y);
 }
 
 /* K = 0: C = 0 when writing, untouched when accumulating (an empty sum). */
@@ -761,6 +823,7 @@ static void test_adamw_update(void **state) {
     const adamw_hparams_t hp = {.lr = 1e-2f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
     float *p = falloc(n), *m = falloc(n), *v = falloc(n), *g = falloc(n);
     double *pr = dalloc(n), *mr = dalloc(n), *vr = dalloc(n), part[1];
+    bf16_t *p16 = malloc((size_t)n * sizeof(bf16_t));
     fill_uniform(p, n, &rng, -1.0f, 1.0f);
     fill_const(m, n, 0.0f), fill_const(v, n, 0.0f);
     for (int64_t i = 0; i < n; i++) pr[i] = p[i], mr[i] = 0, vr[i] = 0;
@@ -772,7 +835,7 @@ static void test_adamw_update(void **state) {
         float scale = adamw_clip_scale(sqrt(adamw_sum_squares(g, n, part)), clip);
         assert_true(fabs(scale - ref_scale) <= 1e-6 * ref_scale);
         adamw_ref_step(pr, mr, vr, g, n, step, ref_scale, &hp);
-        adamw_update(p, m, v, g, n, step, scale, &hp);
+        adamw_update(p, m, v, g, n, step, scale, &hp, step == 3 ? p16 : NULL);
         assert_true(all_equal(g, (size_t)n, 0.0f));
     }
     double perr = 0;
@@ -780,7 +843,8 @@ static void test_adamw_update(void **state) {
     CHECK_LE("adamw p vs torch-style double (3 steps), max abs", perr, 1e-6);
     CHECK_LE("adamw m vs double", rel_err_fd(m, mr, n), 1e-5);
     CHECK_LE("adamw v vs double", rel_err_fd(v, vr, n), 1e-5);
-    free(p), free(m), free(v), free(g), free(pr), free(mr), free(vr);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(p16[i], bf16_from_f32(p[i])); /* the fused bf16 copy */
+    free(p), free(m), free(v), free(g), free(pr), free(mr), free(vr), free(p16);
 }
 
 /* Σ g² over 3 full blocks and a partial one against double: each float partial sums 1024
@@ -1080,6 +1144,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_vs_naive),
         cmocka_unit_test(test_gemm_empty_k),
+        cmocka_unit_test(test_gemm_bf16_vs_naive),
+        cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_gemm_caches_primitives),
         cmocka_unit_test(test_microgemm_vs_naive),
         cmocka_unit_test(test_rmsnorm_forward),

@@ -33,21 +33,29 @@ float adamw_clip_scale(double raw_norm, double clip) {
 }
 
 void adamw_update(float *p, float *m, float *v, float *g, int64_t n, int64_t step,
-                  float grad_scale, const adamw_hparams_t *h) {
+                  float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16) {
     const float b1 = h->b1, b2 = h->b2, eps = h->eps;
     const float bc1 = (float)(1.0 - pow(h->b1, (double)step));
     const float bc2_sqrt = (float)sqrt(1.0 - pow(h->b2, (double)step));
     const float step_size = h->lr / bc1;
     const float decay = 1.0f - h->lr * h->weight_decay;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float gi = g[i] * grad_scale;
-        float mi = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p[i] = p[i] * decay - step_size * mi / denom;
-        g[i] = 0.0f;
+    /* Blocks small enough that the bf16 copy reads p back from L1, not memory. */
+    const int64_t block = 2048;
+    int64_t nblocks = (n + block - 1) / block;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nblocks; b++) {
+        int64_t i0 = b * block, i1 = i0 + block < n ? i0 + block : n;
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) {
+            float gi = g[i] * grad_scale;
+            float mi = b1 * m[i] + (1.0f - b1) * gi;
+            float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            float denom = sqrtf(vi) / bc2_sqrt + eps;
+            p[i] = p[i] * decay - step_size * mi / denom;
+            g[i] = 0.0f;
+        }
+        if (p_bf16) bf16_from_f32_block(p_bf16 + i0, p + i0, i1 - i0);
     }
 }

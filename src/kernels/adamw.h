@@ -10,6 +10,8 @@
 
 #include <stdint.h>
 
+#include "kernels/bf16.h"
+
 typedef struct adamw_hparams {
     float lr, b1, b2, eps, weight_decay;
 } adamw_hparams_t;
@@ -23,8 +25,9 @@ double adamw_sum_squares(const float *g, int64_t n, double *partials);
 /* Clip factor torch's clip_grad_norm_ applies for a raw norm (1 when clip <= 0). */
 float adamw_clip_scale(double raw_norm, double clip);
 
-/* p[n], m[n], v[n], g[n]; step is 1-based. g is scaled by grad_scale and zeroed. */
+/* p[n], m[n], v[n], g[n]; step is 1-based. g is scaled by grad_scale and zeroed. When p_bf16
+ * is not NULL it receives bf16(p) in the same pass (the matmul copy of dtype=bfloat16 runs). */
 void adamw_update(float *p, float *m, float *v, float *g, int64_t n, int64_t step,
-                  float grad_scale, const adamw_hparams_t *h);
+                  float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16);
 
 #endif

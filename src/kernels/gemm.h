@@ -23,6 +23,12 @@ void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, i
               const float *A, int64_t lda, const float *B, int64_t ldb,
               float *C, int64_t ldc, bool accumulate);
 
+/* The same contract with A and B in bfloat16 (uint16_t bit patterns) and C in fp32; products
+ * accumulate in fp32 (AVX512-BF16 dot products on this machine). */
+void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+               float *C, int64_t ldc, bool accumulate);
+
 /* Reference: the same contract in plain loops (float accumulation in double), for tests. */
 void gemm_f32_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                     const float *A, int64_t lda, const float *B, int64_t ldb,

@@ -8,7 +8,7 @@
 #include <string.h>
 
 typedef struct gemm_entry {
-    bool trans_a, trans_b, accumulate;
+    bool trans_a, trans_b, accumulate, bf16_inputs;
     int64_t M, N, K, lda, ldb, ldc;
     dnnl_primitive_t prim;
     dnnl_memory_t mem_a, mem_b, mem_c;
@@ -63,14 +63,14 @@ static void check(dnnl_status_t s, const char *what) {
 }
 
 static void matrix_desc(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int64_t ld,
-                        bool transposed) {
+                        bool transposed, dnnl_data_type_t type) {
     dnnl_dims_t dims = {rows, cols};
     dnnl_dims_t strides = {ld, 1};
     if (transposed) { /* stored [cols, rows] */
         strides[0] = 1;
         strides[1] = ld;
     }
-    check(dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_f32, strides), "memory desc");
+    check(dnnl_memory_desc_init_by_strides(md, 2, dims, type, strides), "memory desc");
 }
 
 static gemm_entry_t *create_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
@@ -87,9 +87,10 @@ static gemm_entry_t *create_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
     gemm_entry_t *e = &g->entries[g->num_entries];
     *e = *key;
     dnnl_memory_desc_t a_md, b_md, c_md;
-    matrix_desc(&a_md, key->M, key->K, key->lda, key->trans_a);
-    matrix_desc(&b_md, key->K, key->N, key->ldb, key->trans_b);
-    matrix_desc(&c_md, key->M, key->N, key->ldc, false);
+    dnnl_data_type_t in_type = key->bf16_inputs ? dnnl_bf16 : dnnl_f32;
+    matrix_desc(&a_md, key->M, key->K, key->lda, key->trans_a, in_type);
+    matrix_desc(&b_md, key->K, key->N, key->ldb, key->trans_b, in_type);
+    matrix_desc(&c_md, key->M, key->N, key->ldc, false, dnnl_f32);
     dnnl_matmul_desc_t desc;
     check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md), "matmul desc");
     dnnl_primitive_attr_t attr;
@@ -114,7 +115,7 @@ static gemm_entry_t *create_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
 }
 
 static bool same_shape(const gemm_entry_t *a, const gemm_entry_t *b) {
-    return a->trans_a == b->trans_a && a->trans_b == b->trans_b &&
+    return a->trans_a == b->trans_a && a->trans_b == b->trans_b && a->bf16_inputs == b->bf16_inputs &&
            a->accumulate == b->accumulate && a->M == b->M && a->N == b->N && a->K == b->K &&
            a->lda == b->lda && a->ldb == b->ldb && a->ldc == b->ldc;
 }
@@ -133,18 +134,14 @@ static gemm_entry_t *find_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
     return e;
 }
 
-void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-              const float *A, int64_t lda, const float *B, int64_t ldb,
-              float *C, int64_t ldc, bool accumulate) {
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        if (!accumulate)
-            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
+static void run(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const void *B, float *C) {
+    if (key->M == 0 || key->N == 0) return;
+    if (key->K == 0) {
+        if (!key->accumulate)
+            for (int64_t i = 0; i < key->M; i++) memset(C + i * key->ldc, 0, (size_t)key->N * sizeof(float));
         return;
     }
-    gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate,
-                        .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
-    gemm_entry_t *e = find_entry(g, &key);
+    gemm_entry_t *e = find_entry(g, key);
     check(dnnl_memory_set_data_handle(e->mem_a, (void *)A), "set A");
     check(dnnl_memory_set_data_handle(e->mem_b, (void *)B), "set B");
     check(dnnl_memory_set_data_handle(e->mem_c, C), "set C");
@@ -153,6 +150,22 @@ void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, i
                                {DNNL_ARG_DST, e->mem_c}};
     check(dnnl_primitive_execute(e->prim, g->stream, 3, args), "matmul execute");
     check(dnnl_stream_wait(g->stream), "stream wait");
+}
+
+void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+              const float *A, int64_t lda, const float *B, int64_t ldb,
+              float *C, int64_t ldc, bool accumulate) {
+    gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate,
+                        .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
+    run(g, &key, A, B, C);
+}
+
+void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+               const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+               float *C, int64_t ldc, bool accumulate) {
+    gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate, .bf16_inputs = true,
+                        .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
+    run(g, &key, A, B, C);
 }
 
 void gemm_f32_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

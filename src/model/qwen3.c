@@ -82,17 +82,34 @@ typedef struct scratch {
     int32_t *targets; /* [chunk] */
     float *rope_cos, *rope_sin; /* [S, HD/2] */
     float *attention; /* attention_scratch_floats */
+    bf16_t *in16;     /* bf16 matmul inputs (bf16 runs only): a linear's x, or an LM-head chunk */
+    bf16_t *dy16;     /* bf16 output gradients: a linear's dy, or a chunk's logit gradients */
 } scratch_t;
 
-int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk) {
+/* Floats that hold the bf16 conversion buffers: the largest x and dy any matmul takes. */
+static void bf16_scratch_sizes(const qwen3_dims_t *d, int64_t chunk, int64_t *in16, int64_t *dy16) {
+    int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, HHD = d->H * d->HD;
+    int64_t x_cols = d->D > HHD ? d->D : HHD;
+    if (d->F > x_cols) x_cols = d->F;
+    int64_t dy_cols = QKV > 2 * d->F ? QKV : 2 * d->F;
+    if (d->D > dy_cols) dy_cols = d->D;
+    int64_t in = T * x_cols, dy = T * dy_cols;
+    if (chunk * d->V > dy) dy = chunk * d->V;
+    *in16 = (in + 1) / 2;
+    *dy16 = (dy + 1) / 2;
+}
+
+int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16) {
     int64_t T = d->B * d->S;
     attn_shape_t a = {d->B, d->S, d->H, d->KV, d->HD};
-    return 3 * T * d->D + T * d->F + T * 2 * d->F + T * d->H * d->HD + T * (d->H + 2 * d->KV) * d->HD +
+    int64_t in16 = 0, dy16 = 0;
+    if (bf16) bf16_scratch_sizes(d, xent_chunk, &in16, &dy16);
+    return in16 + dy16 + 3 * T * d->D + T * d->F + T * 2 * d->F + T * d->H * d->HD + T * (d->H + 2 * d->KV) * d->HD +
            T + xent_chunk * d->V + 3 * xent_chunk + d->S * d->HD + attention_scratch_floats(&a, num_threads) +
            T * d->D;
 }
 
-static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, int64_t chunk, float *base) {
+static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, int64_t chunk, bool bf16, float *base) {
     int64_t T = d->B * d->S;
     attn_shape_t a = {d->B, d->S, d->H, d->KV, d->HD};
     float *c = base;
@@ -111,12 +128,18 @@ static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, i
     s->rope_cos = carve(&c, d->S * d->HD / 2);
     s->rope_sin = carve(&c, d->S * d->HD / 2);
     s->attention = carve(&c, attention_scratch_floats(&a, num_threads));
+    if (bf16) {
+        int64_t in16, dy16;
+        bf16_scratch_sizes(d, chunk, &in16, &dy16);
+        s->in16 = (bf16_t *)carve(&c, in16);
+        s->dy16 = (bf16_t *)carve(&c, dy16);
+    }
 }
 
 /* Span names, interned once so the hot path passes integers. */
 enum op {
     OP_EMBED, OP_NORM, OP_QKV, OP_QK_NORM, OP_ROPE, OP_ATTN, OP_O_PROJ, OP_GATE_UP, OP_SWIGLU,
-    OP_DOWN, OP_FINAL_NORM, OP_LM_HEAD, OP_XENT, OP_RESIDUAL,
+    OP_DOWN, OP_FINAL_NORM, OP_LM_HEAD, OP_XENT, OP_RESIDUAL, OP_TO_BF16,
     OP_COUNT
 };
 typedef struct op_names {
@@ -128,6 +151,8 @@ struct qwen3_model {
     qwen3_dims_t d;
     qwen3_options_t opt;
     qwen3_params_t w, dw;
+    const float *params;     /* base of w, to find a weight's bf16 copy at the same offset */
+    const bf16_t *params16;  /* bf16 runs: bf16(params), kept current by the optimizer */
     float *stream;        /* [L+1, T, D]: the input of every layer, then the final residual */
     float *acts_base;
     layer_acts_t *acts;   /* [L], or [1] under full remat */
@@ -165,6 +190,7 @@ static void intern_names(qwen3_model_t *m) {
         [OP_LM_HEAD] = {"matmul lm_head", TRACE_CAT_MATMUL, "lm_head"},
         [OP_XENT] = {"cross_entropy", TRACE_CAT_XENT, "lm_head"},
         [OP_RESIDUAL] = {"residual_copy", TRACE_CAT_ELEMENTWISE, "norms"},
+        [OP_TO_BF16] = {"to_bf16", TRACE_CAT_ELEMENTWISE, "bf16 casts"},
     };
     trace_t *t = m->trace;
     const qwen3_dims_t *d = &m->d;
@@ -198,8 +224,8 @@ static void intern_names(qwen3_model_t *m) {
 }
 
 qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, float *params,
-                            float *grads, float *acts, float *scratch, gemm_ctx_t *gemm,
-                            char *err, size_t errlen) {
+                            const bf16_t *params_bf16, float *grads, float *acts, float *scratch,
+                            gemm_ctx_t *gemm, char *err, size_t errlen) {
     qwen3_model_t *m = calloc(1, sizeof *m);
     int64_t nacts = opt->remat_full ? 1 : d->L;
     if (!m || !(m->acts = calloc((size_t)nacts, sizeof *m->acts)) ||
@@ -214,11 +240,18 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     m->opt = *opt;
     m->gemm = gemm;
     m->trace = opt->trace;
+    m->params = params;
+    m->params16 = params_bf16;
+    if (opt->bf16 && !params_bf16) {
+        snprintf(err, errlen, "internal error: a bf16 model needs its bf16 weight copy");
+        qwen3_destroy(m);
+        return NULL;
+    }
     int64_t T = d->B * d->S;
     m->stream = acts;
     m->acts_base = acts + (d->L + 1) * T * d->D;
     for (int64_t l = 0; l < nacts; l++) layer_acts_bind(&m->acts[l], d, m->acts_base + l * layer_acts_floats(d));
-    scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, scratch);
+    scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, scratch);
     rope_tables(m->s.rope_cos, m->s.rope_sin, d->S, d->HD, d->rope_theta);
     if (m->trace) intern_names(m);
     return m;
@@ -237,15 +270,37 @@ void qwen3_destroy(qwen3_model_t *m) {
 /* ---- linear layers: y = x·Wᵀ with W [out, in] ---- */
 static double linear_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * (double)M * (double)N * (double)K; }
 
+static const bf16_t *weight16(const qwen3_model_t *m, const float *w) { return m->params16 + (w - m->params); }
+
+static void to_bf16(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t n) {
+    SPAN(m, m->names.fwd[OP_TO_BF16], 0, bf16_from_f32_array(dst, src, n));
+}
+
+/* y[T, out] (= or +=) x[T, in] · W[out, in]ᵀ */
 static void linear_fwd(qwen3_model_t *m, int op, float *y, const float *x, const float *W,
                        int64_t T, int64_t out, int64_t in, bool accumulate) {
+    if (m->opt.bf16) {
+        to_bf16(m, m->s.in16, x, T * in);
+        SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
+             gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, in, weight16(m, W), in, y, out, accumulate));
+        return;
+    }
     SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
          gemm_f32(m->gemm, false, true, T, out, in, x, in, W, in, y, out, accumulate));
 }
 
-/* dx = dy·W (written) and dW += dyᵀ·x */
+/* dx = dy·W (written) and dW += dyᵀ·x; dx may alias x (x is read first). */
 static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy,
                        const float *x, const float *W, int64_t T, int64_t out, int64_t in) {
+    if (m->opt.bf16) {
+        to_bf16(m, m->s.dy16, dy, T * out);
+        to_bf16(m, m->s.in16, x, T * in);
+        SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
+             gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, out, m->s.in16, in, dW, in, true));
+        SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
+             gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, out, weight16(m, W), in, dx, in, false));
+        return;
+    }
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
          gemm_f32(m->gemm, true, false, out, in, T, dy, out, x, in, dW, in, true));
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
@@ -353,14 +408,29 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
             int64_t t = t0 + i;
             s->targets[i] = m->tokens[(t / d->S) * (d->S + 1) + t % d->S + 1];
         }
-        SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
-             gemm_f32(m->gemm, false, true, n, d->V, d->D, s->ln + t0 * d->D, d->D, m->w.lm_head, d->D, s->logits, d->V, false));
+        const float *h = s->ln + t0 * d->D;
+        if (m->opt.bf16) {
+            to_bf16(m, s->in16, h, n * d->D);
+            SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
+                 gemm_bf16(m->gemm, false, true, n, d->V, d->D, s->in16, d->D, weight16(m, m->w.lm_head), d->D, s->logits, d->V, false));
+        } else {
+            SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
+                 gemm_f32(m->gemm, false, true, n, d->V, d->D, h, d->D, m->w.lm_head, d->D, s->logits, d->V, false));
+        }
         SPAN(m, m->names.fwd[OP_XENT], 0,
              xent_forward_backward(s->logits, s->row_loss, s->row_lse, s->targets, n, d->V, grad_scale, m->opt.z_loss));
         for (int64_t i = 0; i < n; i++) loss_sum += s->row_loss[i];
         if (!with_grad) continue;
+        if (m->opt.bf16) {
+            to_bf16(m, s->dy16, s->logits, n * d->V);
+            SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
+                 gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, s->in16, d->D, m->dw.lm_head, d->D, true));
+            SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
+                 gemm_bf16(m->gemm, false, false, n, d->D, d->V, s->dy16, d->V, weight16(m, m->w.lm_head), d->D, s->dln + t0 * d->D, d->D, false));
+            continue;
+        }
         SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
-             gemm_f32(m->gemm, true, false, d->V, d->D, n, s->logits, d->V, s->ln + t0 * d->D, d->D, m->dw.lm_head, d->D, true));
+             gemm_f32(m->gemm, true, false, d->V, d->D, n, s->logits, d->V, h, d->D, m->dw.lm_head, d->D, true));
         SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
              gemm_f32(m->gemm, false, false, n, d->D, d->V, s->logits, d->V, m->w.lm_head, d->D, s->dln + t0 * d->D, d->D, false));
     }

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/bf16.h"
 #include "kernels/gemm.h"
 #include "profile/trace.h"
 
@@ -80,7 +81,7 @@ int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char 
 /* Activation and scratch sizes, in floats, for the plan. remat_full keeps only each layer's
  * input for backward and recomputes the rest one layer at a time. */
 int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, bool remat_full);
-int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk);
+int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16);
 /* The default chunk: as many tokens as keep one chunk of logits near 64 MiB. */
 int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d);
 
@@ -91,14 +92,17 @@ typedef struct qwen3_options {
     bool remat_full;
     int64_t xent_chunk;
     float z_loss;
+    bool bf16;      /* matmuls take bf16 inputs (fp32 accumulation); see qwen3_create */
     trace_t *trace; /* may be NULL */
 } qwen3_options_t;
 
 /* Bind a model to buffers sized by the plan: params and grads (qwen3_num_params floats each),
- * acts (qwen3_saved_activation_floats), scratch (qwen3_scratch_floats). */
+ * acts (qwen3_saved_activation_floats), scratch (qwen3_scratch_floats). With opt->bf16,
+ * params_bf16 (qwen3_num_params bf16 values, same layout) is the matmuls' copy of the weights,
+ * which the caller keeps equal to bf16(params) (adamw_update writes it); NULL otherwise. */
 qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, float *params,
-                            float *grads, float *acts, float *scratch, gemm_ctx_t *gemm,
-                            char *err, size_t errlen);
+                            const bf16_t *params_bf16, float *grads, float *acts, float *scratch,
+                            gemm_ctx_t *gemm, char *err, size_t errlen);
 void qwen3_destroy(qwen3_model_t *m);
 
 /* Forward, mean cross-entropy over the B·S targets, and backward: gradients are added into

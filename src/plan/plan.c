@@ -38,6 +38,7 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->num_threads = num_threads;
     p->num_ranks = num_ranks;
     p->remat_full = strcmp(cfg->remat_policy, "full") == 0;
+    p->bf16 = cfg->dtype == DTYPE_BFLOAT16;
     p->xent_chunk = cfg->xent_chunk_tokens > 0 ? cfg->xent_chunk_tokens : qwen3_default_xent_chunk(d);
     if (p->xent_chunk > d->B * d->S) p->xent_chunk = d->B * d->S;
     p->num_params = qwen3_num_params(d);
@@ -48,8 +49,10 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->grads_bytes = n * f;
     p->optimizer_bytes = 2 * n * f + (uint64_t)adamw_norm_partials(p->num_params) * sizeof(double);
     p->activations_bytes = (uint64_t)qwen3_saved_activation_floats(d, p->remat_full) * f;
-    p->scratch_bytes = (uint64_t)qwen3_scratch_floats(d, num_threads, p->xent_chunk) * f;
-    p->total_bytes = p->params_bytes + p->grads_bytes + p->optimizer_bytes + p->activations_bytes + p->scratch_bytes;
+    p->scratch_bytes = (uint64_t)qwen3_scratch_floats(d, num_threads, p->xent_chunk, p->bf16) * f;
+    p->params_bf16_bytes = p->bf16 ? n * sizeof(bf16_t) : 0;
+    p->total_bytes = p->params_bytes + p->params_bf16_bytes + p->grads_bytes + p->optimizer_bytes +
+                     p->activations_bytes + p->scratch_bytes;
     return 0;
 }
 
@@ -87,8 +90,10 @@ void plan_print(const plan_t *p, FILE *out) {
     fprintf(out, "num_ranks: %d\n", p->num_ranks);
     fprintf(out, "compute_threads: %d\n", p->num_threads);
     fprintf(out, "remat_policy: %s\n", p->remat_full ? "full" : "none");
+    fprintf(out, "dtype: %s\n", p->bf16 ? "bfloat16 (matmul inputs; fp32 master weights, gradients, optimizer)" : "float32");
     fprintf(out, "xent_chunk_tokens: %lld\n", (long long)p->xent_chunk);
     fprintf(out, "memory_parameters_bytes: %llu\n", (unsigned long long)p->params_bytes);
+    fprintf(out, "memory_bf16_weights_bytes: %llu\n", (unsigned long long)p->params_bf16_bytes);
     fprintf(out, "memory_gradients_bytes: %llu\n", (unsigned long long)p->grads_bytes);
     fprintf(out, "memory_optimizer_state_bytes: %llu\n", (unsigned long long)p->optimizer_bytes);
     fprintf(out, "memory_saved_activations_bytes: %llu\n", (unsigned long long)p->activations_bytes);

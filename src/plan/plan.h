@@ -16,12 +16,14 @@ typedef struct plan {
     int num_threads;
     int num_ranks;
     bool remat_full;
+    bool bf16;              /* dtype=bfloat16: bf16 matmul inputs, fp32 everything else */
     int64_t xent_chunk;
     int64_t num_params;
     int64_t tokens_per_device; /* B·S per step */
     double tflops_per_device;  /* per step, MaxText's calculate_tflops_training_per_device */
     /* memory plan, bytes */
     uint64_t params_bytes, grads_bytes, optimizer_bytes, activations_bytes, scratch_bytes, total_bytes;
+    uint64_t params_bf16_bytes; /* the matmuls' bf16 copy of the weights; 0 in fp32 runs */
 } plan_t;
 
 /* The dims a config describes (per-device batch). */

@@ -157,9 +157,10 @@ static double resolve_peak(const config_t *cfg, int threads) {
         printf("device peak: %.4f TFLOP/s (device_peak_tflops)\n", cfg->device_peak_tflops);
         return cfg->device_peak_tflops;
     }
-    double p = peak_probe_fp32_tflops(threads, 0.25);
-    printf("device peak: %.4f TFLOP/s fp32 on %d threads (%s; set device_peak_tflops to fix it)\n", p, threads,
-           peak_probe_method());
+    bool bf16 = cfg->dtype == DTYPE_BFLOAT16;
+    double p = peak_probe_tflops(bf16, threads, 0.25);
+    printf("device peak: %.4f TFLOP/s %s on %d threads (%s; set device_peak_tflops to fix it)\n", p,
+           bf16 ? "bf16" : "fp32", threads, peak_probe_method(bf16));
     return p;
 }
 

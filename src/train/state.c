@@ -22,7 +22,8 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         !(s->grads = alloc_floats(plan->grads_bytes, "gradients", err, errlen)) ||
         !(s->adam_m = alloc_floats(plan->optimizer_bytes, "optimizer state", err, errlen)) ||
         !(s->acts = alloc_floats(plan->activations_bytes, "saved activations", err, errlen)) ||
-        !(s->scratch = alloc_floats(plan->scratch_bytes, "scratch", err, errlen))) {
+        !(s->scratch = alloc_floats(plan->scratch_bytes, "scratch", err, errlen)) ||
+        (plan->bf16 && !(s->params_bf16 = arena_alloc((size_t)plan->params_bf16_bytes, "bf16 weight copy", err, errlen)))) {
         train_state_destroy(s);
         return 1;
     }
@@ -41,10 +42,12 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     } else {
         qwen3_init_params(s->params, d, (uint64_t)cfg->init_weights_seed);
     }
+    if (s->params_bf16) bf16_from_f32_array(s->params_bf16, s->params, n);
     qwen3_options_t opt = {.num_threads = plan->num_threads, .remat_full = plan->remat_full,
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
-                           .trace = trace};
-    if (!(s->model = qwen3_create(d, &opt, s->params, s->grads, s->acts, s->scratch, s->gemm, err, errlen))) {
+                           .bf16 = plan->bf16, .trace = trace};
+    if (!(s->model = qwen3_create(d, &opt, s->params, s->params_bf16, s->grads, s->acts, s->scratch, s->gemm,
+                                  err, errlen))) {
         train_state_destroy(s);
         return 1;
     }
@@ -64,6 +67,7 @@ void train_state_destroy(train_state_t *s) {
     qwen3_destroy(s->model);
     gemm_destroy(s->gemm);
     arena_free(s->params, s->plan.params_bytes);
+    arena_free(s->params_bf16, s->plan.params_bf16_bytes);
     arena_free(s->grads, s->plan.grads_bytes);
     arena_free(s->adam_m, s->plan.optimizer_bytes);
     arena_free(s->acts, s->plan.activations_bytes);
@@ -82,7 +86,7 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     out->grad_norm = out->raw_grad_norm * scale;
     s->updates_done++;
     t0 = trace_begin(s->trace);
-    adamw_update(s->params, s->adam_m, s->adam_v, s->grads, n, s->updates_done, scale, &s->adam);
+    adamw_update(s->params, s->adam_m, s->adam_v, s->grads, n, s->updates_done, scale, &s->adam, s->params_bf16);
     trace_end(s->trace, 0, s->span_adamw, t0, 0);
     trace_end(s->trace, 0, s->span_optimizer, opt_span, 0);
 }

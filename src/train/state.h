@@ -16,6 +16,7 @@
 typedef struct train_state {
     plan_t plan;
     float *params, *grads, *adam_m, *adam_v;
+    bf16_t *params_bf16; /* dtype=bfloat16: bf16(params) for the matmuls; NULL otherwise */
     double *norm_partials;
     float *acts, *scratch;
     gemm_ctx_t *gemm;

@@ -2,7 +2,11 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -36,7 +40,72 @@ static double fma_burst(float seed, float *sink) {
 #endif
 }
 
-double peak_probe_fp32_tflops(int num_threads, double seconds) {
+/* The bf16 counterpart: vdpbf16ps multiplies 32 bf16 pairs and adds them into 16 fp32 lanes,
+ * 64 flops per instruction by the usual 2-per-multiply-add count. */
+static double dpbf16_burst(float seed, float *sink) {
+#if defined(__AVX512BF16__)
+    __m512 a[12];
+    __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps(seed + (float)i);
+    for (int it = 0; it < PROBE_ITERS; it++)
+        for (int i = 0; i < 12; i++) a[i] = _mm512_dpbf16_ps(a[i], x, x);
+    __m512 s = a[0];
+    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
+    *sink = _mm512_reduce_add_ps(s);
+    return 2.0 * 32.0 * 12.0 * PROBE_ITERS;
+#else
+    return fma_burst(seed, sink); /* no bf16 dot product: bf16 runs at the fp32 rate */
+#endif
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+/* Where the CPU has AMX tiles (Intel Sapphire Rapids and later), oneDNN runs bf16 matmuls on
+ * them, far above the vector units: probe them the same way, with four independent tile
+ * accumulators. Linux hands out the tile state only on request (arch_prctl), per process. */
+static bool amx_usable(void) {
+    static int state; /* 0 unknown, 1 yes, -1 no; set before any parallel region reads it */
+    if (state == 0) {
+        const long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+        state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+    }
+    return state == 1;
+}
+
+static double amx_burst(float seed, float *sink) {
+    struct { uint8_t palette, start_row, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 6; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+    _tile_loadconfig(&cfg);
+    static const uint16_t zeros[16 * 32] = {0}; /* the sums stay finite and exact */
+    float out[16 * 16];
+    _tile_loadd(4, zeros, 64);
+    _tile_loadd(5, zeros, 64);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int it = 0; it < PROBE_ITERS / 16; it++) {
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 5);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    *sink = out[0] + seed;
+    /* Each instruction: [16×32]·[32×16] bf16 into [16×16] fp32. */
+    return 2.0 * 16.0 * 16.0 * 32.0 * 4.0 * (PROBE_ITERS / 16);
+}
+#endif
+
+static double (*probe_burst(bool bf16))(float, float *) {
+    if (!bf16) return fma_burst;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (amx_usable()) return amx_burst;
+#endif
+    return dpbf16_burst;
+}
+
+double peak_probe_tflops(bool bf16, int num_threads, double seconds) {
+    double (*burst)(float, float *) = probe_burst(bf16);
     double best = 0.0;
     /* Several short rounds, keep the best: a busy neighbour only ever lowers a round. */
     for (int round = 0; round < 5; round++) {
@@ -45,7 +114,7 @@ double peak_probe_fp32_tflops(int num_threads, double seconds) {
 #pragma omp parallel num_threads(num_threads) reduction(+ : flops)
         {
             float local = 0.0f;
-            while (now_seconds() - t0 < seconds / 5) flops += fma_burst((float)omp_get_thread_num(), &local);
+            while (now_seconds() - t0 < seconds / 5) flops += burst((float)omp_get_thread_num(), &local);
 #pragma omp atomic
             sink += local;
         }
@@ -55,7 +124,13 @@ double peak_probe_fp32_tflops(int num_threads, double seconds) {
     return best;
 }
 
-const char *peak_probe_method(void) {
+const char *peak_probe_method(bool bf16) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (bf16 && amx_usable()) return "probe: 4 independent AMX tile bf16 dot-product (tdpbf16ps) chains per compute thread, best of 5 rounds";
+#endif
+#if defined(__AVX512BF16__)
+    if (bf16) return "probe: 12 independent 512-bit bf16 dot-product (vdpbf16ps) chains per compute thread, best of 5 rounds";
+#endif
 #if defined(__AVX512F__)
     return "probe: 12 independent 512-bit fp32 FMA chains per compute thread, best of 5 rounds";
 #else

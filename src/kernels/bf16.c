@@ -1,0 +1,25 @@
+#include "kernels/bf16.h"
+
+#include <immintrin.h>
+
+void bf16_from_f32_block(bf16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+#ifdef __AVX512BF16__
+    for (; i + 32 <= n; i += 32) {
+        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+        _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
+    }
+#endif
+    for (; i < n; i++) dst[i] = bf16_from_f32(src[i]);
+}
+
+void bf16_from_f32_array(bf16_t *dst, const float *src, int64_t n) {
+    /* Fixed blocks keep the split independent of the thread count. */
+    const int64_t block = 4096;
+    int64_t nblocks = (n + block - 1) / block;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nblocks; b++) {
+        int64_t i = b * block;
+        bf16_from_f32_block(dst + i, src + i, i + block < n ? block : n - i);
+    }
+}

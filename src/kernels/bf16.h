@@ -1,0 +1,34 @@
+/* bf16: rounding fp32 to bfloat16 (round to nearest even, as AVX512-BF16's vcvtne2ps2bf16 and
+ * torch's .to(torch.bfloat16) do) for the matmul inputs of dtype=bfloat16 runs. Master weights,
+ * gradients, optimizer state and every non-matmul kernel stay fp32. */
+#ifndef STEPSCOPE_BF16_H
+#define STEPSCOPE_BF16_H
+
+#include <stdint.h>
+#include <string.h>
+
+typedef uint16_t bf16_t;
+
+/* NaN stays a (quiet) NaN; everything else rounds to nearest even. */
+static inline bf16_t bf16_from_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+static inline float bf16_to_f32(bf16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* dst[n] = bf16(src[n]); threaded with OpenMP. */
+void bf16_from_f32_array(bf16_t *dst, const float *src, int64_t n);
+
+/* The same on the calling thread only, for kernels that fuse it into their own loops. */
+void bf16_from_f32_block(bf16_t *dst, const float *src, int64_t n);
+
+#endif
