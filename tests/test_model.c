@@ -2,6 +2,7 @@
  * tools/make_fixtures.py (float64 reference from random weights) hold the loss, every
  * gradient and the parameters after 3 AdamW steps with clipping and weight decay. */
 #include <math.h>
+#include <omp.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -284,6 +285,54 @@ static void test_bf16_loss_curve_tracks_fp32(void **st) {
     assert_true(worst < 0.02);
 }
 
+/* The seeded init: N(0, 0.02) matrices and ones for the norms; the same seed gives the same
+ * bits on 1 and 2 threads, another seed other values. Over n ≈ 90k draws the sample mean has
+ * a standard error of 0.02/√n ≈ 7e-5 and the sample std one of ≈ 0.02/√(2n) ≈ 5e-5, so
+ * bounds of 4e-4 and 2% (8σ) only fail on a wrong generator. */
+static void test_init_statistics_and_determinism(void **st) {
+    (void)st;
+    char err[512];
+    config_t cfg;
+    char *ov[] = {"model_name=tiny"};
+    assert_int_equal(config_load(&cfg, NULL, 1, ov, err, sizeof err), 0);
+    qwen3_dims_t d = plan_dims(&cfg);
+    int64_t n = qwen3_num_params(&d), nt = qwen3_tensor_table(&d, NULL);
+    float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
+    qwen3_tensor_info_t *t = malloc((size_t)nt * sizeof *t);
+    qwen3_tensor_table(&d, t);
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    qwen3_init_params(a, &d, 7);
+    omp_set_num_threads(2);
+    qwen3_init_params(b, &d, 7);
+    omp_set_num_threads(threads);
+    assert_memory_equal(a, b, (size_t)n * sizeof(float));
+    double sum = 0, sq = 0, count = 0, beyond = 0;
+    for (int64_t i = 0; i < nt; i++) {
+        int64_t numel = numel_of(&t[i]);
+        for (int64_t j = 0; j < numel; j++) {
+            float v = a[t[i].offset + j];
+            if (t[i].init == QWEN3_INIT_ONES) {
+                assert_true(v == 1.0f);
+                continue;
+            }
+            sum += v, sq += (double)v * v, count++;
+            beyond += fabs(v) > 3 * 0.02;
+        }
+    }
+    double mean = sum / count, std = sqrt(sq / count - mean * mean);
+    printf("# init: %.0f normal draws, mean %.2e, std %.5f, beyond 3 sigma %.3f%% (normal: 0.27%%)\n", count, mean,
+           std, 100 * beyond / count);
+    assert_true(fabs(mean) < 4e-4);
+    assert_true(fabs(std - 0.02) < 0.02 * 0.02);
+    assert_true(beyond / count > 0.0017 && beyond / count < 0.0037);
+    qwen3_init_params(b, &d, 8);
+    int64_t same = 0;
+    for (int64_t i = 0; i < n; i++) same += a[i] == b[i];
+    assert_true(same < n / 10); /* only the norms' ones coincide */
+    free(a), free(b), free(t);
+}
+
 /* A tiny model trained on one repeated batch must memorise it. */
 static void test_tiny_model_learns(void **st) {
     (void)st;
@@ -341,6 +390,7 @@ int main(void) {
         cmocka_unit_test(test_untied_wide_three_steps),
         cmocka_unit_test(test_remat_full_matches_none),
         cmocka_unit_test(test_tiny_model_learns),
+        cmocka_unit_test(test_init_statistics_and_determinism),
         cmocka_unit_test(test_bf16_against_reference),
         cmocka_unit_test(test_bf16_loss_curve_tracks_fp32),
         cmocka_unit_test(test_memory_never_logits_sized),

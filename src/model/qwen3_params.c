@@ -86,7 +86,7 @@ void qwen3_init_params(float *base, const qwen3_dims_t *d, uint64_t seed) {
     qwen3_tensor_info_t *t = malloc((size_t)n * sizeof *t);
     if (!t) abort();
     qwen3_tensor_table(d, t);
-    const double std = QWEN3_INIT_STD_MILLI / 1000.0;
+    const float std = (float)(QWEN3_INIT_STD_MILLI / 1000.0);
     for (int64_t i = 0; i < n; i++) {
         float *p = base + t[i].offset;
         int64_t numel = t[i].rows * (t[i].cols ? t[i].cols : 1);
@@ -94,8 +94,14 @@ void qwen3_init_params(float *base, const qwen3_dims_t *d, uint64_t seed) {
             for (int64_t j = 0; j < numel; j++) p[j] = 1.0f;
             continue;
         }
+        int64_t pairs = (numel + 1) / 2;
 #pragma omp parallel for schedule(static)
-        for (int64_t j = 0; j < numel; j++) p[j] = (float)(std * rng_normal(seed, (uint64_t)i, (uint64_t)j));
+        for (int64_t k = 0; k < pairs; k++) {
+            float z0, z1;
+            rng_normal_pair(seed, (uint64_t)i, (uint64_t)k, &z0, &z1);
+            p[2 * k] = std * z0;
+            if (2 * k + 1 < numel) p[2 * k + 1] = std * z1;
+        }
     }
     free(t);
 }
