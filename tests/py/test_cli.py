@@ -16,6 +16,7 @@ import re
 import signal
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -577,6 +578,17 @@ def test_profile_files(tmp_path):
 
     summ = json.loads((dirs[0] / "op_summary.json").read_text())
     assert summ["first_step"] == 1 and summ["last_step"] == 2 and summ["num_steps"] == 2
+    # the picture of it: an SVG with one labelled bar per op kind, no more wide than the step
+    svg_path = tmp_path / "op_summary.svg"
+    subprocess.run([sys.executable, str(ROOT / "tools" / "op_summary_svg.py"), str(dirs[0] / "op_summary.json"),
+                    str(svg_path)], check=True)
+    import xml.etree.ElementTree as ET
+    root = ET.parse(svg_path).getroot()
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    kinds = {r["category"] for r in summ["rows"] if not r["part"] and not r["category"].startswith("total")}
+    assert kinds <= set(texts) and "matmul" in kinds
+    bars = [float(r.get("width")) for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("fill-opacity")]
+    assert bars and all(0 <= w <= 420 for w in bars)
 
     # console: the op summary table
     assert "op summary, profiled steps 1..2:" in r.stdout
