@@ -1,0 +1,66 @@
+/* attention: GFLOP/s of the flash-attention forward and backward kernels at a model's shapes
+ * (default qwen3-0.6b: H=16, KV=8, HD=128), for a list of sequence lengths, median of `reps`.
+ * FLOPs are counted as the model's op summary counts them: causal half of the S² scores,
+ * 2 matmuls forward and 4 backward (the recomputed scores are not counted, as in MaxText).
+ *   build/bench/attention [reps=5] [peak_gflops=446] [threads=2] [S ...]   (S default 256 1024 4096) */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/attention.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static float *filled(int64_t n, unsigned seed) {
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = (float)((i * 2654435761u + seed) % 2001) * 1e-3f - 1.0f;
+    return p;
+}
+
+int main(int argc, char **argv) {
+    int reps = argc > 1 ? atoi(argv[1]) : 5;
+    double peak = argc > 2 ? atof(argv[2]) : 446.0;
+    int threads = argc > 3 ? atoi(argv[3]) : 2;
+    if (reps < 1 || reps > 64 || threads < 1) {
+        fprintf(stderr, "usage: attention [reps 1..64] [peak_gflops] [threads>=1] [S ...]\n");
+        return 2;
+    }
+    omp_set_num_threads(threads);
+    int64_t seqs[16] = {256, 1024, 4096};
+    int nseq = 3;
+    if (argc > 4) {
+        nseq = 0;
+        for (int i = 4; i < argc && nseq < 16; i++) seqs[nseq++] = atoll(argv[i]);
+    }
+    printf("attention kernels, H=16 KV=8 HD=128, batch 1, %d threads, median of %d\n", threads, reps);
+    printf("%6s %10s %9s %7s %10s %9s %7s\n", "S", "fwd ms", "GFLOP/s", "%peak", "bwd ms", "GFLOP/s", "%peak");
+    for (int si = 0; si < nseq; si++) {
+        attn_shape_t a = {1, seqs[si], 16, 8, 128};
+        int64_t T = a.B * a.S, QKV = (a.H + 2 * a.KV) * a.HD;
+        float *qkv = filled(T * QKV, 1), *out = filled(T * a.H * a.HD, 2), *lse = filled(a.B * a.H * a.S, 3);
+        float *dout = filled(T * a.H * a.HD, 4), *dqkv = filled(T * QKV, 5);
+        float *scratch = malloc((size_t)attention_scratch_floats(&a, threads) * sizeof(float));
+        const float *q = qkv, *k = qkv + a.H * a.HD, *v = qkv + (a.H + a.KV) * a.HD;
+        double tf[64], tb[64];
+        for (int r = -1; r < reps; r++) {
+            double t0 = omp_get_wtime();
+            attention_forward(out, a.H * a.HD, lse, q, QKV, k, QKV, v, QKV, &a, scratch);
+            double t1 = omp_get_wtime();
+            attention_backward(dqkv, QKV, dqkv + a.H * a.HD, QKV, dqkv + (a.H + a.KV) * a.HD, QKV, dout, a.H * a.HD,
+                               out, a.H * a.HD, lse, q, QKV, k, QKV, v, QKV, &a, scratch);
+            double t2 = omp_get_wtime();
+            if (r >= 0) tf[r] = t1 - t0, tb[r] = t2 - t1;
+        }
+        qsort(tf, (size_t)reps, sizeof(double), cmp_double);
+        qsort(tb, (size_t)reps, sizeof(double), cmp_double);
+        double one = 2.0 * 2.0 * (double)a.B * (double)a.S * (double)a.S * (double)a.H * (double)a.HD / 2.0;
+        double f = tf[reps / 2], b = tb[reps / 2];
+        printf("%6lld %10.2f %9.1f %6.1f%% %10.2f %9.1f %6.1f%%\n", (long long)a.S, f * 1e3, one / f * 1e-9,
+               100 * one / f * 1e-9 / peak, b * 1e3, 2 * one / b * 1e-9, 100 * 2 * one / b * 1e-9 / peak);
+        free(qkv), free(out), free(lse), free(dout), free(dqkv), free(scratch);
+    }
+    return 0;
+}
