@@ -40,7 +40,8 @@ int main(int argc, char **argv) {
     double peak32 = argc > 3 ? atof(argv[3]) : 446.0, peak16 = argc > 4 ? atof(argv[4]) : 892.0;
     int threads = argc > 5 ? atoi(argv[5]) : 2;
     omp_set_num_threads(threads);
-    const int64_t D = 1024, F = 3072, H = 16, KV = 8, HD = 128, V = 151936, XC = 110;
+    const int64_t D = 1024, F = 3072, H = 16, KV = 8, HD = 128, V = 151936;
+    const int64_t XC = (256LL << 20) / 4 / V; /* the default chunk, qwen3_default_xent_chunk */
     linear_t lin[] = {{"qkv_proj", (H + 2 * KV) * HD, D}, {"o_proj", D, H * HD},
                       {"gate_up_proj", 2 * F, D},        {"down_proj", D, F},
                       {"lm_head chunk", V, D}};

@@ -62,7 +62,7 @@ int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, bool remat_full) {
 
 int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d) {
     int64_t T = d->B * d->S;
-    int64_t chunk = (64LL << 20) / (int64_t)sizeof(float) / d->V;
+    int64_t chunk = (256LL << 20) / (int64_t)sizeof(float) / d->V;
     if (chunk < 16) chunk = 16;
     return chunk < T ? chunk : T;
 }

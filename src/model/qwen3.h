@@ -82,7 +82,10 @@ int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char 
  * input for backward and recomputes the rest one layer at a time. */
 int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, bool remat_full);
 int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16);
-/* The default chunk: as many tokens as keep one chunk of logits near 64 MiB. */
+/* The default chunk: as many tokens as keep one chunk of logits near 256 MiB (441 tokens for
+ * V=151936). The chunk is the K of the head's weight-gradient GEMM: at 110 tokens (64 MiB)
+ * the three head GEMMs ran 1.2x (fp32) to 1.5x (bf16) slower than at 256-512
+ * (bench/gemm_shapes prints the head GEMMs at a chosen chunk). */
 int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d);
 
 typedef struct qwen3_model qwen3_model_t;
