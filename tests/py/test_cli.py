@@ -524,8 +524,10 @@ def test_slow_data_wait_is_visible(tmp_path):
     times = [rec["perf/step_time_seconds"] for rec in recs]
     assert all(t >= w for t, w in zip(times, waits)), (times, waits)
     for n in range(1, 5):
-        assert waits[n] >= 0.05, waits                      # visible, not hidden in the step
-        assert waits[n] + (times[n - 1] - waits[n - 1]) >= 0.14, (n, times, waits)
+        compute_before = times[n - 1] - waits[n - 1]
+        if compute_before < 0.1:                            # a busy machine can stretch it past 150 ms
+            assert waits[n] >= 0.05, waits                  # visible, not hidden in the step
+        assert waits[n] + compute_before >= 0.14, (n, times, waits)
     # the run cannot go faster than the data: 5 batches at 150 ms each
     assert sum(times) >= 5 * 0.15 - 0.05, times
 
