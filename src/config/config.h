@@ -67,7 +67,7 @@ typedef struct config {
     double device_peak_tflops;  /* 0 = measure with a start-up probe */
     double memory_limit_gib;    /* 0 = this machine's physical memory */
     int64_t xent_chunk_tokens;  /* tokens per LM-head/cross-entropy chunk; 0 = choose */
-    char remat_policy[CONFIG_STR_MAX]; /* MaxText values: "none" | "full" */
+    char remat_policy[CONFIG_STR_MAX]; /* MaxText values: "none" | "minimal" | "full" */
 } config_t;
 
 /* Fill *cfg from the base YAML file, the preset it (or an override) names, and the

@@ -28,9 +28,12 @@ typedef struct layer_acts {
     float *lse;     /* [B, H, S]        attention row log-sum-exp */
 } layer_acts_t;
 
-static int64_t layer_acts_floats(const qwen3_dims_t *d) {
+/* Under MINIMAL, qk is not saved: it points at one scratch buffer that forward fills for the
+ * layer at hand and backward refills from qkv. */
+static int64_t layer_acts_floats(const qwen3_dims_t *d, qwen3_remat_t remat) {
     int64_t T = d->B * d->S;
-    return T * (d->H + 2 * d->KV) * d->HD + T * (d->H + d->KV) * d->HD + T * d->H * d->HD +
+    int64_t qk = remat == QWEN3_REMAT_MINIMAL ? 0 : T * (d->H + d->KV) * d->HD;
+    return T * (d->H + 2 * d->KV) * d->HD + qk + T * d->H * d->HD +
            T * d->D + T * 2 * d->F + T + T + T * (d->H + d->KV) + d->B * d->H * d->S;
 }
 
@@ -40,11 +43,11 @@ static float *carve(float **cursor, int64_t n) {
     return p;
 }
 
-static void layer_acts_bind(layer_acts_t *a, const qwen3_dims_t *d, float *base) {
+static void layer_acts_bind(layer_acts_t *a, const qwen3_dims_t *d, float *base, float *shared_qk) {
     int64_t T = d->B * d->S;
     float *c = base;
     a->qkv = carve(&c, T * (d->H + 2 * d->KV) * d->HD);
-    a->qk = carve(&c, T * (d->H + d->KV) * d->HD);
+    a->qk = shared_qk ? shared_qk : carve(&c, T * (d->H + d->KV) * d->HD);
     a->attn = carve(&c, T * d->H * d->HD);
     a->x2 = carve(&c, T * d->D);
     a->gate_up = carve(&c, T * 2 * d->F);
@@ -54,10 +57,10 @@ static void layer_acts_bind(layer_acts_t *a, const qwen3_dims_t *d, float *base)
     a->lse = carve(&c, d->B * d->H * d->S);
 }
 
-int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, bool remat_full) {
+int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, qwen3_remat_t remat) {
     int64_t T = d->B * d->S;
     int64_t stream = (d->L + 1) * T * d->D; /* every layer's input, and the final one */
-    return stream + (remat_full ? 1 : d->L) * layer_acts_floats(d);
+    return stream + (remat == QWEN3_REMAT_FULL ? 1 : d->L) * layer_acts_floats(d, remat);
 }
 
 int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d) {
@@ -84,6 +87,7 @@ typedef struct scratch {
     float *attention; /* attention_scratch_floats */
     bf16_t *in16;     /* bf16 matmul inputs (bf16 runs only): a linear's x, or an LM-head chunk */
     bf16_t *dy16;     /* bf16 output gradients: a linear's dy, or a chunk's logit gradients */
+    float *qk;        /* [T, (H+KV)·HD] remat minimal only: the current layer's q and k */
 } scratch_t;
 
 /* Floats that hold the bf16 conversion buffers: the largest x and dy any matmul takes. */
@@ -99,17 +103,20 @@ static void bf16_scratch_sizes(const qwen3_dims_t *d, int64_t chunk, int64_t *in
     *dy16 = (dy + 1) / 2;
 }
 
-int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16) {
+int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16,
+                             qwen3_remat_t remat) {
     int64_t T = d->B * d->S;
     attn_shape_t a = {d->B, d->S, d->H, d->KV, d->HD};
     int64_t in16 = 0, dy16 = 0;
     if (bf16) bf16_scratch_sizes(d, xent_chunk, &in16, &dy16);
-    return in16 + dy16 + 3 * T * d->D + T * d->F + T * 2 * d->F + T * d->H * d->HD + T * (d->H + 2 * d->KV) * d->HD +
+    int64_t qk = remat == QWEN3_REMAT_MINIMAL ? T * (d->H + d->KV) * d->HD : 0;
+    return qk + in16 + dy16 + 3 * T * d->D + T * d->F + T * 2 * d->F + T * d->H * d->HD + T * (d->H + 2 * d->KV) * d->HD +
            T + xent_chunk * d->V + 3 * xent_chunk + d->S * d->HD + attention_scratch_floats(&a, num_threads) +
            T * d->D;
 }
 
-static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, int64_t chunk, bool bf16, float *base) {
+static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, int64_t chunk, bool bf16,
+                         qwen3_remat_t remat, float *base) {
     int64_t T = d->B * d->S;
     attn_shape_t a = {d->B, d->S, d->H, d->KV, d->HD};
     float *c = base;
@@ -134,6 +141,7 @@ static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, i
         s->in16 = (bf16_t *)carve(&c, in16);
         s->dy16 = (bf16_t *)carve(&c, dy16);
     }
+    if (remat == QWEN3_REMAT_MINIMAL) s->qk = carve(&c, T * (d->H + d->KV) * d->HD);
 }
 
 /* Span names, interned once so the hot path passes integers. */
@@ -164,7 +172,7 @@ struct qwen3_model {
 };
 
 static float *layer_input(qwen3_model_t *m, int64_t l) { return m->stream + l * m->d.B * m->d.S * m->d.D; }
-static layer_acts_t *acts_of(qwen3_model_t *m, int64_t l) { return &m->acts[m->opt.remat_full ? 0 : l]; }
+static layer_acts_t *acts_of(qwen3_model_t *m, int64_t l) { return &m->acts[m->opt.remat == QWEN3_REMAT_FULL ? 0 : l]; }
 
 /* ---- tracing helpers: one span per kernel call, FLOPs carried by matmuls ---- */
 #define SPAN(m, name_id, flops, call)                                                           \
@@ -227,7 +235,7 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
                             const bf16_t *params_bf16, float *grads, float *acts, float *scratch,
                             gemm_ctx_t *gemm, char *err, size_t errlen) {
     qwen3_model_t *m = calloc(1, sizeof *m);
-    int64_t nacts = opt->remat_full ? 1 : d->L;
+    int64_t nacts = opt->remat == QWEN3_REMAT_FULL ? 1 : d->L;
     if (!m || !(m->acts = calloc((size_t)nacts, sizeof *m->acts)) ||
         !(m->names.layer_fwd = calloc((size_t)d->L, sizeof(uint32_t))) ||
         !(m->names.layer_bwd = calloc((size_t)d->L, sizeof(uint32_t))) ||
@@ -250,8 +258,9 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     int64_t T = d->B * d->S;
     m->stream = acts;
     m->acts_base = acts + (d->L + 1) * T * d->D;
-    for (int64_t l = 0; l < nacts; l++) layer_acts_bind(&m->acts[l], d, m->acts_base + l * layer_acts_floats(d));
-    scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, scratch);
+    scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, opt->remat, scratch);
+    for (int64_t l = 0; l < nacts; l++)
+        layer_acts_bind(&m->acts[l], d, m->acts_base + l * layer_acts_floats(d, opt->remat), m->s.qk);
     rope_tables(m->s.rope_cos, m->s.rope_sin, d->S, d->HD, d->rope_theta);
     if (m->trace) intern_names(m);
     return m;
@@ -318,13 +327,10 @@ static void copy_rows(qwen3_model_t *m, float *dst, const float *src, int64_t n)
     SPAN(m, m->names.fwd[OP_RESIDUAL], 0, memcpy(dst, src, (size_t)n * sizeof(float)));
 }
 
-/* Norm the input, project q/k/v, qk-norm and rope q and k: fills a->qkv, a->qk, a->rstd1, and
- * leaves the normed input in s.ln (what the qkv weight gradient needs). */
-static void attention_inputs(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_acts_t *a, const float *x) {
+/* q and k for attention from the projections: qk-norm per head, then rope. */
+static void qk_from_qkv(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_acts_t *a) {
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, QK = (d->H + d->KV) * d->HD;
-    SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(m->s.ln, d->D, a->rstd1, x, d->D, w->input_norm, T, 1, d->D, (float)d->eps));
-    linear_fwd(m, OP_QKV, a->qkv, m->s.ln, w->q_proj, T, QKV, d->D, false);
     if (d->qk_norm) {
         SPAN(m, m->names.fwd[OP_QK_NORM], 0, {
             rmsnorm_forward(a->qk, QK, a->qk_rstd, a->qkv, QKV, w->q_norm, T, d->H, d->HD, (float)d->eps);
@@ -335,6 +341,16 @@ static void attention_inputs(qwen3_model_t *m, const qwen3_layer_params_t *w, la
         for (int64_t t = 0; t < T; t++) memcpy(a->qk + t * QK, a->qkv + t * QKV, (size_t)QK * sizeof(float));
     }
     SPAN(m, m->names.fwd[OP_ROPE], 0, rope_forward(a->qk, QK, m->s.rope_cos, m->s.rope_sin, d->B, d->S, d->H + d->KV, d->HD));
+}
+
+/* Norm the input, project q/k/v, qk-norm and rope q and k: fills a->qkv, a->qk, a->rstd1, and
+ * leaves the normed input in s.ln (what the qkv weight gradient needs). */
+static void attention_inputs(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_acts_t *a, const float *x) {
+    const qwen3_dims_t *d = &m->d;
+    int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD;
+    SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(m->s.ln, d->D, a->rstd1, x, d->D, w->input_norm, T, 1, d->D, (float)d->eps));
+    linear_fwd(m, OP_QKV, a->qkv, m->s.ln, w->q_proj, T, QKV, d->D, false);
+    qk_from_qkv(m, w, a);
 }
 
 static void layer_forward(qwen3_model_t *m, int64_t l, const float *x, float *x_out) {
@@ -375,6 +391,7 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->post_norm, s->dln, d->D, a->x2, d->D, w->post_norm, a->rstd2, T, 1, d->D));
     /* Attention. */
     linear_bwd(m, OP_O_PROJ, s->dattn, dw->o_proj, s->dres, a->attn, w->o_proj, T, d->D, HHD);
+    if (m->opt.remat == QWEN3_REMAT_MINIMAL) qk_from_qkv(m, w, a); /* the shared buffer holds another layer's */
     SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
          attention_backward(s->dqkv, QKV, s->dqkv + HHD, QKV, s->dqkv + QK, QKV, s->dattn, HHD, a->attn, HHD,
                             a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, QKV, &as, s->attention));
@@ -461,7 +478,7 @@ double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens) {
     for (int64_t l = d->L - 1; l >= 0; l--) {
         const float *x = layer_input(m, l);
         SPAN(m, m->names.layer_bwd[l], 0, {
-            if (m->opt.remat_full) layer_forward(m, l, x, m->s.dln); /* refill the shared acts; output unused */
+            if (m->opt.remat == QWEN3_REMAT_FULL) layer_forward(m, l, x, m->s.dln); /* refill the shared acts; output unused */
             layer_backward(m, l, x);
         });
     }

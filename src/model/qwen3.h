@@ -78,10 +78,19 @@ void qwen3_init_params(float *base, const qwen3_dims_t *d, uint64_t seed);
 int qwen3_load_safetensors(float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen);
 int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen);
 
-/* Activation and scratch sizes, in floats, for the plan. remat_full keeps only each layer's
- * input for backward and recomputes the rest one layer at a time. */
-int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, bool remat_full);
-int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16);
+/* What backward recomputes rather than keeps (MaxText's remat_policy values):
+ *   NONE     keeps every layer's matmul outputs and the normed, rotated q and k; backward
+ *            recomputes only norm outputs and the SwiGLU product (cheap, elementwise);
+ *   MINIMAL  keeps the matmul outputs only and recomputes q/k norm and rope too: saves
+ *            (H+KV)·HD floats a token a layer (3072 of 16384 for qwen3-0.6b) for one extra
+ *            elementwise pass a layer;
+ *   FULL     keeps each layer's input only and reruns the layer's forward before its
+ *            backward (one more forward's matmuls). */
+typedef enum { QWEN3_REMAT_NONE, QWEN3_REMAT_MINIMAL, QWEN3_REMAT_FULL } qwen3_remat_t;
+
+/* Activation and scratch sizes, in floats, for the plan. */
+int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, qwen3_remat_t remat);
+int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16, qwen3_remat_t remat);
 /* The default chunk: as many tokens as keep one chunk of logits near 256 MiB (441 tokens for
  * V=151936). The chunk is the K of the head's weight-gradient GEMM: at 110 tokens (64 MiB)
  * the three head GEMMs ran 1.2x (fp32) to 1.5x (bf16) slower than at 256-512
@@ -92,7 +101,7 @@ typedef struct qwen3_model qwen3_model_t;
 
 typedef struct qwen3_options {
     int num_threads;
-    bool remat_full;
+    qwen3_remat_t remat;
     int64_t xent_chunk;
     float z_loss;
     bool bf16;      /* matmuls take bf16 inputs (fp32 accumulation); see qwen3_create */

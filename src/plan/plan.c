@@ -37,7 +37,9 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     }
     p->num_threads = num_threads;
     p->num_ranks = num_ranks;
-    p->remat_full = strcmp(cfg->remat_policy, "full") == 0;
+    p->remat = !strcmp(cfg->remat_policy, "full")      ? QWEN3_REMAT_FULL
+               : !strcmp(cfg->remat_policy, "minimal") ? QWEN3_REMAT_MINIMAL
+                                                       : QWEN3_REMAT_NONE;
     p->bf16 = cfg->dtype == DTYPE_BFLOAT16;
     p->xent_chunk = cfg->xent_chunk_tokens > 0 ? cfg->xent_chunk_tokens : qwen3_default_xent_chunk(d);
     if (p->xent_chunk > d->B * d->S) p->xent_chunk = d->B * d->S;
@@ -48,8 +50,8 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->params_bytes = n * f;
     p->grads_bytes = n * f;
     p->optimizer_bytes = 2 * n * f + (uint64_t)adamw_norm_partials(p->num_params) * sizeof(double);
-    p->activations_bytes = (uint64_t)qwen3_saved_activation_floats(d, p->remat_full) * f;
-    p->scratch_bytes = (uint64_t)qwen3_scratch_floats(d, num_threads, p->xent_chunk, p->bf16) * f;
+    p->activations_bytes = (uint64_t)qwen3_saved_activation_floats(d, p->remat) * f;
+    p->scratch_bytes = (uint64_t)qwen3_scratch_floats(d, num_threads, p->xent_chunk, p->bf16, p->remat) * f;
     p->params_bf16_bytes = p->bf16 ? n * sizeof(bf16_t) : 0;
     p->total_bytes = p->params_bytes + p->params_bf16_bytes + p->grads_bytes + p->optimizer_bytes +
                      p->activations_bytes + p->scratch_bytes;
@@ -75,7 +77,7 @@ int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t er
              "the memory plan needs %.2f GiB per device (activations %.2f GiB) but %.2f GiB is available; "
              "lower per_device_batch_size or max_target_length%s, or use more ranks",
              (double)p->total_bytes / gib, (double)p->activations_bytes / gib, (double)avail / gib,
-             p->remat_full ? "" : ", or set remat_policy=full");
+             p->remat == QWEN3_REMAT_FULL ? "" : ", or set remat_policy=full");
     return CONFIG_EXIT_CODE;
 }
 
@@ -89,7 +91,8 @@ void plan_print(const plan_t *p, FILE *out) {
             (long long)d->KV, (long long)d->HD, (long long)d->V, d->tied ? "true" : "false", d->qk_norm ? "true" : "false");
     fprintf(out, "num_ranks: %d\n", p->num_ranks);
     fprintf(out, "compute_threads: %d\n", p->num_threads);
-    fprintf(out, "remat_policy: %s\n", p->remat_full ? "full" : "none");
+    static const char *const remat_names[] = {"none", "minimal", "full"};
+    fprintf(out, "remat_policy: %s\n", remat_names[p->remat]);
     fprintf(out, "dtype: %s\n", p->bf16 ? "bfloat16 (matmul inputs; fp32 master weights, gradients, optimizer)" : "float32");
     fprintf(out, "xent_chunk_tokens: %lld\n", (long long)p->xent_chunk);
     fprintf(out, "memory_parameters_bytes: %llu\n", (unsigned long long)p->params_bytes);

@@ -15,7 +15,7 @@ typedef struct plan {
     qwen3_dims_t dims;      /* this device's batch */
     int num_threads;
     int num_ranks;
-    bool remat_full;
+    qwen3_remat_t remat;
     bool bf16;              /* dtype=bfloat16: bf16 matmul inputs, fp32 everything else */
     int64_t xent_chunk;
     int64_t num_params;
