@@ -1,8 +1,10 @@
-/* attention: GFLOP/s of the flash-attention forward and backward kernels at a model's shapes
- * (default qwen3-0.6b: H=16, KV=8, HD=128), for a list of sequence lengths, median of `reps`.
+/* attention: GFLOP/s of the flash-attention forward and backward kernels, fp32 and bf16
+ * (interleaved round by round), at qwen3-0.6b's head shapes (H=16, KV=8, HD=128) for a list
+ * of sequence lengths, median of `reps`; % of peak against the peak of each dtype.
  * FLOPs are counted as the model's op summary counts them: causal half of the S² scores,
  * 2 matmuls forward and 4 backward (the recomputed scores are not counted, as in MaxText).
- *   build/bench/attention [reps=5] [peak_gflops=446] [threads=2] [S ...]   (S default 256 1024 4096) */
+ *   build/bench/attention [reps=5] [fp32_peak_gflops=446] [bf16_peak_gflops=892] [threads=2] [S ...]
+ *   (S default 256 1024 4096) */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,45 +24,64 @@ static float *filled(int64_t n, unsigned seed) {
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 5;
-    double peak = argc > 2 ? atof(argv[2]) : 446.0;
-    int threads = argc > 3 ? atoi(argv[3]) : 2;
+    double peak[2] = {argc > 2 ? atof(argv[2]) : 446.0, argc > 3 ? atof(argv[3]) : 892.0};
+    int threads = argc > 4 ? atoi(argv[4]) : 2;
     if (reps < 1 || reps > 64 || threads < 1) {
-        fprintf(stderr, "usage: attention [reps 1..64] [peak_gflops] [threads>=1] [S ...]\n");
+        fprintf(stderr, "usage: attention [reps 1..64] [fp32_peak] [bf16_peak] [threads>=1] [S ...]\n");
         return 2;
     }
+    char err[256];
+    gemm_ctx_t **g = malloc((size_t)threads * sizeof *g);
+    for (int t = 0; t < threads; t++)
+        if (!(g[t] = gemm_create(err, sizeof err))) {
+            fprintf(stderr, "%s\n", err);
+            return 1;
+        }
     omp_set_num_threads(threads);
     int64_t seqs[16] = {256, 1024, 4096};
     int nseq = 3;
-    if (argc > 4) {
+    if (argc > 5) {
         nseq = 0;
-        for (int i = 4; i < argc && nseq < 16; i++) seqs[nseq++] = atoll(argv[i]);
+        for (int i = 5; i < argc && nseq < 16; i++) seqs[nseq++] = atoll(argv[i]);
     }
     printf("attention kernels, H=16 KV=8 HD=128, batch 1, %d threads, median of %d\n", threads, reps);
-    printf("%6s %10s %9s %7s %10s %9s %7s\n", "S", "fwd ms", "GFLOP/s", "%peak", "bwd ms", "GFLOP/s", "%peak");
+    printf("%6s %5s %10s %9s %7s %10s %9s %7s\n", "S", "dtype", "fwd ms", "GFLOP/s", "%peak", "bwd ms", "GFLOP/s", "%peak");
     for (int si = 0; si < nseq; si++) {
         attn_shape_t a = {1, seqs[si], 16, 8, 128};
         int64_t T = a.B * a.S, QKV = (a.H + 2 * a.KV) * a.HD;
         float *qkv = filled(T * QKV, 1), *out = filled(T * a.H * a.HD, 2), *lse = filled(a.B * a.H * a.S, 3);
         float *dout = filled(T * a.H * a.HD, 4), *dqkv = filled(T * QKV, 5);
-        float *scratch = malloc((size_t)attention_scratch_floats(&a, threads) * sizeof(float));
+        int64_t nscratch = attention_scratch_floats(&a, threads), n16 = attention_bf16_scratch_floats(&a, threads);
+        float *scratch = malloc((size_t)(nscratch > n16 ? nscratch : n16) * sizeof(float));
         const float *q = qkv, *k = qkv + a.H * a.HD, *v = qkv + (a.H + a.KV) * a.HD;
-        double tf[64], tb[64];
-        for (int r = -1; r < reps; r++) {
-            double t0 = omp_get_wtime();
-            attention_forward(out, a.H * a.HD, lse, q, QKV, k, QKV, v, QKV, &a, scratch);
-            double t1 = omp_get_wtime();
-            attention_backward(dqkv, QKV, dqkv + a.H * a.HD, QKV, dqkv + (a.H + a.KV) * a.HD, QKV, dout, a.H * a.HD,
-                               out, a.H * a.HD, lse, q, QKV, k, QKV, v, QKV, &a, scratch);
-            double t2 = omp_get_wtime();
-            if (r >= 0) tf[r] = t1 - t0, tb[r] = t2 - t1;
-        }
-        qsort(tf, (size_t)reps, sizeof(double), cmp_double);
-        qsort(tb, (size_t)reps, sizeof(double), cmp_double);
+        float *dq = dqkv, *dk = dqkv + a.H * a.HD, *dv = dqkv + (a.H + a.KV) * a.HD;
+        int64_t ldo = a.H * a.HD;
+        double tf[2][64], tb[2][64];
+        for (int r = -1; r < reps; r++)
+            for (int bf = 0; bf < 2; bf++) {
+                double t0 = omp_get_wtime();
+                if (bf) attention_forward_bf16(out, ldo, lse, q, QKV, k, QKV, v, QKV, &a, scratch, g);
+                else attention_forward(out, ldo, lse, q, QKV, k, QKV, v, QKV, &a, scratch);
+                double t1 = omp_get_wtime();
+                if (bf) attention_backward_bf16(dq, QKV, dk, QKV, dv, QKV, dout, ldo, out, ldo, lse, q, QKV, k, QKV, v,
+                                                QKV, &a, scratch, g);
+                else attention_backward(dq, QKV, dk, QKV, dv, QKV, dout, ldo, out, ldo, lse, q, QKV, k, QKV, v, QKV, &a,
+                                        scratch);
+                double t2 = omp_get_wtime();
+                if (r >= 0) tf[bf][r] = t1 - t0, tb[bf][r] = t2 - t1;
+            }
         double one = 2.0 * 2.0 * (double)a.B * (double)a.S * (double)a.S * (double)a.H * (double)a.HD / 2.0;
-        double f = tf[reps / 2], b = tb[reps / 2];
-        printf("%6lld %10.2f %9.1f %6.1f%% %10.2f %9.1f %6.1f%%\n", (long long)a.S, f * 1e3, one / f * 1e-9,
-               100 * one / f * 1e-9 / peak, b * 1e3, 2 * one / b * 1e-9, 100 * 2 * one / b * 1e-9 / peak);
+        for (int bf = 0; bf < 2; bf++) {
+            qsort(tf[bf], (size_t)reps, sizeof(double), cmp_double);
+            qsort(tb[bf], (size_t)reps, sizeof(double), cmp_double);
+            double f = tf[bf][reps / 2], b = tb[bf][reps / 2];
+            printf("%6lld %5s %10.2f %9.1f %6.1f%% %10.2f %9.1f %6.1f%%\n", (long long)a.S, bf ? "bf16" : "fp32", f * 1e3,
+                   one / f * 1e-9, 100 * one / f * 1e-9 / peak[bf], b * 1e3, 2 * one / b * 1e-9,
+                   100 * 2 * one / b * 1e-9 / peak[bf]);
+        }
         free(qkv), free(out), free(lse), free(dout), free(dqkv), free(scratch);
     }
+    for (int t = 0; t < threads; t++) gemm_destroy(g[t]);
+    free(g);
     return 0;
 }

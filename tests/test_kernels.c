@@ -931,6 +931,13 @@ static void attn_backward(attn_bufs_t *x) {
     free(scratch);
 }
 
+/* Inputs for case c, then the fp32 forward and backward on them. */
+static void attn_run_fp32(attn_bufs_t *x, const attn_case_t *c, test_rng_t *rng) {
+    attn_alloc(x, c, rng);
+    attn_forward(x);
+    attn_backward(x);
+}
+
 static const attn_case_t ATTN_CASES[] = {
     {2, 70, 4, 2, 16},  /* GQA, S = one block + 6 */
     {2, 130, 4, 2, 24}, /* GQA, S = two blocks + 2, HD not a multiple of 16 */
@@ -1025,9 +1032,7 @@ static void test_attention_backward_fd(void **state) {
     for (size_t ci = 0; ci < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; ci++) {
         const attn_case_t *c = &ATTN_CASES[ci];
         attn_bufs_t x;
-        attn_alloc(&x, c, &rng);
-        attn_forward(&x);
-        attn_backward(&x);
+        attn_run_fp32(&x, c, &rng);
         assert_true(padding_intact(x.dqkv, x.T, x.qw + 2 * x.kw, x.ld, SENTINEL));
         double *w = dalloc((size_t)c->S);
         static const char *names[3] = {"dq", "dk", "dv"};
@@ -1051,6 +1056,51 @@ static void test_attention_backward_fd(void **state) {
         free(w);
         attn_free(&x);
     }
+}
+
+/* The bf16 kernels against the fp32 ones on the same inputs. Rounding q, k, v, dO, P and dS
+ * to bf16 (2^-9 relative each, ~1e-3 on average) perturbs scores by ~1e-3·|s| and outputs and
+ * gradients by a few 1e-3 relative (measured 2-4e-3); bounds 1e-2 (out, gradients) and 1e-2 absolute (lse,
+ * |lse| ≲ 6) leave room for that and catch any wrong operand, transpose or scale (order 1).
+ * Outputs are written (not accumulated) and padding survives, as in fp32. */
+static void test_attention_bf16_vs_fp32(void **state) {
+    (void)state;
+    test_rng_t rng = {72};
+    int threads = omp_get_max_threads();
+    char err[256];
+    gemm_ctx_t **g = malloc((size_t)threads * sizeof *g);
+    for (int t = 0; t < threads; t++) assert_non_null(g[t] = gemm_create(err, sizeof err));
+    for (size_t ci = 0; ci < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; ci++) {
+        const attn_case_t *c = &ATTN_CASES[ci];
+        attn_bufs_t x;
+        attn_run_fp32(&x, c, &rng);
+        float *out32 = falloc((size_t)(x.T * x.ld_out)), *lse32 = falloc((size_t)(c->B * c->H * c->S));
+        float *d32 = falloc((size_t)(x.T * x.ld));
+        memcpy(out32, x.out, (size_t)(x.T * x.ld_out) * sizeof(float));
+        memcpy(lse32, x.lse, (size_t)(c->B * c->H * c->S) * sizeof(float));
+        memcpy(d32, x.dqkv, (size_t)(x.T * x.ld) * sizeof(float));
+        float *scratch = falloc((size_t)attention_bf16_scratch_floats(&x.a, threads));
+        fill_const(x.out, (size_t)(x.T * x.ld_out), SENTINEL);
+        attention_forward_bf16(x.out, x.ld_out, x.lse, x.q, x.ld, x.k, x.ld, x.v, x.ld, &x.a, scratch, g);
+        assert_true(padding_intact(x.out, x.T, x.qw, x.ld_out, SENTINEL));
+        fill_const(x.dqkv, (size_t)(x.T * x.ld), SENTINEL);
+        float *dq = x.dqkv, *dk = x.dqkv + x.qw, *dv = x.dqkv + x.qw + x.kw;
+        attention_backward_bf16(dq, x.ld, dk, x.ld, dv, x.ld, x.R, x.ld_dout, x.out, x.ld_out, x.lse, x.q, x.ld,
+                                x.k, x.ld, x.v, x.ld, &x.a, scratch, g);
+        assert_true(padding_intact(x.dqkv, x.T, x.qw + 2 * x.kw, x.ld, SENTINEL));
+        char what[96];
+        snprintf(what, sizeof what, "bf16 attention out vs fp32 B%ld S%ld H%ld KV%ld HD%ld", (long)c->B, (long)c->S,
+                 (long)c->H, (long)c->KV, (long)c->HD);
+        CHECK_LE(what, rel_err_2d(x.out, x.ld_out, out32, x.ld_out, x.T, x.qw), 1e-2);
+        CHECK_LE("  lse, max abs", max_abs_diff(x.lse, lse32, (size_t)(c->B * c->H * c->S)), 1e-2);
+        CHECK_LE("  dq", rel_err_2d(x.dqkv, x.ld, d32, x.ld, x.T, x.qw), 1e-2);
+        CHECK_LE("  dk", rel_err_2d(x.dqkv + x.qw, x.ld, d32 + x.qw, x.ld, x.T, x.kw), 1e-2);
+        CHECK_LE("  dv", rel_err_2d(x.dqkv + x.qw + x.kw, x.ld, d32 + x.qw + x.kw, x.ld, x.T, x.kw), 1e-2);
+        free(out32), free(lse32), free(d32), free(scratch);
+        attn_free(&x);
+    }
+    for (int t = 0; t < threads; t++) gemm_destroy(g[t]);
+    free(g);
 }
 
 /* The scratch holds Kᵀ, Vᵀ ([HD, S] per kv head) and per-thread [ATTN_QBLOCK, S] strips:
@@ -1165,6 +1215,7 @@ int main(void) {
         cmocka_unit_test(test_attention_forward),
         cmocka_unit_test(test_attention_backward_fd),
         cmocka_unit_test(test_attention_scratch_linear),
+        cmocka_unit_test(test_attention_bf16_vs_fp32),
         cmocka_unit_test(test_thread_determinism),
     };
     if (getenv("TEST_FILTER")) cmocka_set_test_filter(getenv("TEST_FILTER")); /* e.g. "test_attention*" */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/attention_internal.h"
 #include "kernels/microgemm.h"
 #include "kernels/vecmath.h"
 
@@ -41,8 +42,7 @@ static void transpose_head(float *dst, const float *src, int64_t ld, int64_t S, 
             for (int64_t s = s0; s < s0 + 16 && s < S; s++) dst[d * S + s] = src[s * ld + d];
 }
 
-/* dst[S, HD] = src rows [S, HD] (row stride ld), packed. */
-static void copy_head(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD) {
+void attention_copy_rows(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD) {
     for (int64_t s = 0; s < S; s++) memcpy(dst + s * HD, src + s * ld, (size_t)HD * sizeof(float));
 }
 
@@ -56,18 +56,15 @@ static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64
             transpose_head(kt_of(scratch, a, b, kvh), kh, ld_k, a->S, a->HD);
             if (backward) {
                 transpose_head(v_of(scratch, a, b, kvh), vh, ld_v, a->S, a->HD);
-                copy_head(kc_of(scratch, a, b, kvh), kh, ld_k, a->S, a->HD);
+                attention_copy_rows(kc_of(scratch, a, b, kvh), kh, ld_k, a->S, a->HD);
             } else {
-                copy_head(v_of(scratch, a, b, kvh), vh, ld_v, a->S, a->HD);
+                attention_copy_rows(v_of(scratch, a, b, kvh), vh, ld_v, a->S, a->HD);
             }
         }
 }
 
-/* Row r of the strip holds scores for query i = i0 + r against keys [0, kend). Turn the
- * visible part (keys 0..i) into probabilities exp(s − lse) and zero the masked rest.
- * When lse_out is set, lse is computed here (forward); else read from lse_in (backward). */
-static void softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64_t kend,
-                         float *lse_out, const float *lse_in) {
+void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64_t kend, float scale,
+                            float *lse_out, const float *lse_in) {
     for (int64_t r = 0; r < nq; r++) {
         float *row = strip + r * ld;
         int64_t visible = i0 + r + 1;
@@ -75,24 +72,24 @@ static void softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64
         if (lse_out) {
             float m = -FLT_MAX;
             for (int64_t j = 0; j < visible; j++) m = row[j] > m ? row[j] : m;
-            shift = m;
+            shift = m * scale;
         } else {
             shift = lse_in[i0 + r];
         }
         double sum = 0.0;
         int64_t j = 0;
 #if defined(__AVX512F__)
-        const __m512 sh = _mm512_set1_ps(shift);
+        const __m512 sh = _mm512_set1_ps(shift), sc = _mm512_set1_ps(scale);
         __m512 acc = _mm512_setzero_ps();
         for (; j + 16 <= visible; j += 16) {
-            __m512 e = exp512_ps(_mm512_sub_ps(_mm512_loadu_ps(row + j), sh));
+            __m512 e = exp512_ps(_mm512_fmsub_ps(_mm512_loadu_ps(row + j), sc, sh));
             _mm512_storeu_ps(row + j, e);
             acc = _mm512_add_ps(acc, e);
         }
         sum = _mm512_reduce_add_ps(acc);
 #endif
         for (; j < visible; j++) {
-            row[j] = expf(row[j] - shift);
+            row[j] = expf(row[j] * scale - shift);
             sum += row[j];
         }
         if (visible < kend) memset(row + visible, 0, (size_t)(kend - visible) * sizeof(float));
@@ -121,7 +118,7 @@ void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, i
         float *strip = strips_of(scratch, a);
         const float *qp = q + (b * S + i0) * ld_q + h * HD;
         microgemm(nq, kend, HD, scale, qp, ld_q, 1, kt_of(scratch, a, b, kvh), S, strip, S, false);
-        softmax_rows(strip, S, i0, nq, kend, lse + (b * H + h) * S, NULL);
+        attention_softmax_rows(strip, S, i0, nq, kend, 1.0f, lse + (b * H + h) * S, NULL);
         microgemm(nq, HD, kend, 1.0f, strip, S, 1, v_of(scratch, a, b, kvh), HD,
                   out + (b * S + i0) * ld_out + h * HD, ld_out, false);
     }
@@ -155,11 +152,11 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
                 int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK;
                 int64_t kend = i0 + nq;
                 const float *op = out + (b * S + i0) * ld_out + h * HD;
-                copy_head(q_pack, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
-                copy_head(dout_pack, dout + (b * S + i0) * ld_dout + h * HD, ld_dout, nq, HD);
+                attention_copy_rows(q_pack, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
+                attention_copy_rows(dout_pack, dout + (b * S + i0) * ld_dout + h * HD, ld_dout, nq, HD);
                 const float *qp = q_pack, *dop = dout_pack;
                 microgemm(nq, kend, HD, scale, qp, HD, 1, kt_of(scratch, a, b, kvh), S, p, S, false);
-                softmax_rows(p, S, i0, nq, kend, NULL, row_lse);
+                attention_softmax_rows(p, S, i0, nq, kend, 1.0f, NULL, row_lse);
                 microgemm(nq, kend, HD, 1.0f, dop, HD, 1, v_of(scratch, a, b, kvh), S, dp, S, false);
                 for (int64_t r = 0; r < nq; r++) {
                     float di = 0.0f; /* Σ dO·O = Σ_j P·dP for this row */

@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include "kernels/gemm.h"
+
 enum { ATTN_QBLOCK = 64 };
 
 typedef struct attn_shape {
@@ -29,6 +31,23 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
                         const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
                         const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
                         const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch);
+
+/* bf16 variants (dtype=bfloat16): the same contract and blocking, but q, k, v, dO and the
+ * probability and dS blocks are rounded to bf16 for the block matmuls (fp32 accumulation),
+ * which run through the gemm library so it picks the CPU's fastest bf16 unit (AMX tiles
+ * where present, else AVX512-BF16); softmax, lse, dS and all outputs stay fp32.
+ * thread_gemm holds one gemm context per OpenMP thread of the calling team. */
+int64_t attention_bf16_scratch_floats(const attn_shape_t *a, int num_threads);
+
+void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
+                            const float *k, int64_t ld_k, const float *v, int64_t ld_v,
+                            const attn_shape_t *a, float *scratch, gemm_ctx_t *const *thread_gemm);
+
+void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
+                             const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
+                             const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
+                             const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch,
+                             gemm_ctx_t *const *thread_gemm);
 
 /* Reference with the full score matrix, double accumulation: for tests only. */
 void attention_forward_naive(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,

@@ -111,7 +111,8 @@ int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xen
     if (bf16) bf16_scratch_sizes(d, xent_chunk, &in16, &dy16);
     int64_t qk = remat == QWEN3_REMAT_MINIMAL ? T * (d->H + d->KV) * d->HD : 0;
     return qk + in16 + dy16 + 3 * T * d->D + T * d->F + T * 2 * d->F + T * d->H * d->HD + T * (d->H + 2 * d->KV) * d->HD +
-           T + xent_chunk * d->V + 3 * xent_chunk + d->S * d->HD + attention_scratch_floats(&a, num_threads) +
+           T + xent_chunk * d->V + 3 * xent_chunk + d->S * d->HD +
+           (bf16 ? attention_bf16_scratch_floats(&a, num_threads) : attention_scratch_floats(&a, num_threads)) +
            T * d->D;
 }
 
@@ -134,7 +135,7 @@ static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, i
     s->targets = (int32_t *)carve(&c, chunk);
     s->rope_cos = carve(&c, d->S * d->HD / 2);
     s->rope_sin = carve(&c, d->S * d->HD / 2);
-    s->attention = carve(&c, attention_scratch_floats(&a, num_threads));
+    s->attention = carve(&c, bf16 ? attention_bf16_scratch_floats(&a, num_threads) : attention_scratch_floats(&a, num_threads));
     if (bf16) {
         int64_t in16, dy16;
         bf16_scratch_sizes(d, chunk, &in16, &dy16);
@@ -166,6 +167,7 @@ struct qwen3_model {
     layer_acts_t *acts;   /* [L], or [1] under full remat */
     scratch_t s;
     gemm_ctx_t *gemm;
+    gemm_ctx_t **thread_gemm; /* bf16 attention: one context per compute thread */
     trace_t *trace;
     op_names_t names;
     const int32_t *tokens;
@@ -255,6 +257,18 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
         qwen3_destroy(m);
         return NULL;
     }
+    if (opt->bf16) {
+        if (!(m->thread_gemm = calloc((size_t)opt->num_threads, sizeof *m->thread_gemm))) {
+            snprintf(err, errlen, "out of memory creating the model");
+            qwen3_destroy(m);
+            return NULL;
+        }
+        for (int t = 0; t < opt->num_threads; t++)
+            if (!(m->thread_gemm[t] = gemm_create(err, errlen))) {
+                qwen3_destroy(m);
+                return NULL;
+            }
+    }
     int64_t T = d->B * d->S;
     m->stream = acts;
     m->acts_base = acts + (d->L + 1) * T * d->D;
@@ -268,6 +282,9 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
 
 void qwen3_destroy(qwen3_model_t *m) {
     if (!m) return;
+    if (m->thread_gemm)
+        for (int t = 0; t < m->opt.num_threads; t++) gemm_destroy(m->thread_gemm[t]);
+    free(m->thread_gemm);
     qwen3_params_free(&m->w);
     qwen3_params_free(&m->dw);
     free(m->acts);
@@ -360,9 +377,14 @@ static void layer_forward(qwen3_model_t *m, int64_t l, const float *x, float *x_
     int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, QK = (d->H + d->KV) * d->HD;
     attn_shape_t as = attn_shape(d);
     attention_inputs(m, w, a, x);
-    SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
-         attention_forward(a->attn, d->H * d->HD, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
-                           a->qkv + (d->H + d->KV) * d->HD, QKV, &as, m->s.attention));
+    if (m->opt.bf16)
+        SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
+             attention_forward_bf16(a->attn, d->H * d->HD, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
+                                    a->qkv + (d->H + d->KV) * d->HD, QKV, &as, m->s.attention, m->thread_gemm));
+    else
+        SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
+             attention_forward(a->attn, d->H * d->HD, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
+                               a->qkv + (d->H + d->KV) * d->HD, QKV, &as, m->s.attention));
     copy_rows(m, a->x2, x, T * d->D);
     linear_fwd(m, OP_O_PROJ, a->x2, a->attn, w->o_proj, T, d->D, d->H * d->HD, true);
     SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(m->s.ln, d->D, a->rstd2, a->x2, d->D, w->post_norm, T, 1, d->D, (float)d->eps));
@@ -392,9 +414,15 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     /* Attention. */
     linear_bwd(m, OP_O_PROJ, s->dattn, dw->o_proj, s->dres, a->attn, w->o_proj, T, d->D, HHD);
     if (m->opt.remat == QWEN3_REMAT_MINIMAL) qk_from_qkv(m, w, a); /* the shared buffer holds another layer's */
-    SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
-         attention_backward(s->dqkv, QKV, s->dqkv + HHD, QKV, s->dqkv + QK, QKV, s->dattn, HHD, a->attn, HHD,
-                            a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, QKV, &as, s->attention));
+    if (m->opt.bf16)
+        SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
+             attention_backward_bf16(s->dqkv, QKV, s->dqkv + HHD, QKV, s->dqkv + QK, QKV, s->dattn, HHD, a->attn, HHD,
+                                     a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, QKV, &as, s->attention,
+                                     m->thread_gemm));
+    else
+        SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
+             attention_backward(s->dqkv, QKV, s->dqkv + HHD, QKV, s->dqkv + QK, QKV, s->dattn, HHD, a->attn, HHD,
+                                a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, QKV, &as, s->attention));
     SPAN(m, m->names.bwd[OP_ROPE], 0, rope_backward(s->dqkv, QKV, s->rope_cos, s->rope_sin, d->B, d->S, d->H + d->KV, d->HD));
     if (d->qk_norm) {
         SPAN(m, m->names.bwd[OP_QK_NORM], 0, {

@@ -1,0 +1,142 @@
+/* attention with bf16 block matmuls: the same flash-style blocking as attention.c, but every
+ * block product runs through the gemm library with bf16 inputs and fp32 accumulation, so the
+ * library picks the fastest bf16 unit of the CPU (AMX tiles where present, else AVX512-BF16
+ * dot products). Softmax, lse, dS and every output stay fp32. Each OpenMP thread uses its own
+ * gemm context: contexts cache primitives and are not thread-safe; inside a parallel region
+ * the library runs a call on the calling thread only. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "kernels/attention.h"
+#include "kernels/attention_internal.h"
+#include "kernels/bf16.h"
+
+/* Scratch: K and V in bf16 as [S, HD] per (batch, kv head); then per thread the fp32 strips P
+ * and dP [ATTN_QBLOCK, S], their bf16 copies, and the bf16 query and output-gradient blocks
+ * [ATTN_QBLOCK, HD]. Counted in floats; bf16 regions take half a float an element. */
+static int64_t kv_floats(const attn_shape_t *a) { return a->B * a->KV * a->S * a->HD; } /* K16 + V16 */
+static int64_t per_thread_floats(const attn_shape_t *a) {
+    return 2 * ATTN_QBLOCK * a->S + ATTN_QBLOCK * a->S + ATTN_QBLOCK * a->HD;
+}
+
+int64_t attention_bf16_scratch_floats(const attn_shape_t *a, int num_threads) {
+    return kv_floats(a) + (int64_t)num_threads * per_thread_floats(a);
+}
+
+typedef struct thread_bufs {
+    float *p, *dp;          /* [ATTN_QBLOCK, S] fp32 */
+    bf16_t *p16, *ds16;     /* [ATTN_QBLOCK, S] */
+    bf16_t *q16, *do16;     /* [ATTN_QBLOCK, HD] */
+} thread_bufs_t;
+
+static thread_bufs_t thread_bufs(float *scratch, const attn_shape_t *a) {
+    float *base = scratch + kv_floats(a) + (int64_t)omp_get_thread_num() * per_thread_floats(a);
+    int64_t strip = ATTN_QBLOCK * a->S;
+    thread_bufs_t t = {.p = base, .dp = base + strip};
+    t.p16 = (bf16_t *)(base + 2 * strip);
+    t.ds16 = t.p16 + strip;
+    t.q16 = t.ds16 + strip;
+    t.do16 = t.q16 + ATTN_QBLOCK * a->HD;
+    return t;
+}
+
+static bf16_t *k16_of(float *scratch, const attn_shape_t *a, int64_t b, int64_t kvh) {
+    return (bf16_t *)scratch + (b * a->KV + kvh) * a->S * a->HD;
+}
+static bf16_t *v16_of(float *scratch, const attn_shape_t *a, int64_t b, int64_t kvh) {
+    return (bf16_t *)scratch + a->B * a->KV * a->S * a->HD + (b * a->KV + kvh) * a->S * a->HD;
+}
+
+/* dst[rows, HD] = bf16(src rows [rows, HD] with row stride ld) */
+static void rows_to_bf16(bf16_t *dst, const float *src, int64_t ld, int64_t rows, int64_t HD) {
+    for (int64_t r = 0; r < rows; r++) bf16_from_f32_block(dst + r * HD, src + r * ld, HD);
+}
+
+static void pack_kv16(float *scratch, const attn_shape_t *a, const float *k, int64_t ld_k, const float *v,
+                      int64_t ld_v) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < a->B; b++)
+        for (int64_t kvh = 0; kvh < a->KV; kvh++) {
+            rows_to_bf16(k16_of(scratch, a, b, kvh), k + b * a->S * ld_k + kvh * a->HD, ld_k, a->S, a->HD);
+            rows_to_bf16(v16_of(scratch, a, b, kvh), v + b * a->S * ld_v + kvh * a->HD, ld_v, a->S, a->HD);
+        }
+}
+
+/* bf16 of the first kend columns of nq strip rows (ld S), into a bf16 strip with the same ld. */
+static void strip_to_bf16(bf16_t *dst, const float *src, int64_t S, int64_t nq, int64_t kend) {
+    for (int64_t r = 0; r < nq; r++) bf16_from_f32_block(dst + r * S, src + r * S, kend);
+}
+
+void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
+                            const float *k, int64_t ld_k, const float *v, int64_t ld_v,
+                            const attn_shape_t *a, float *scratch, gemm_ctx_t *const *thread_gemm) {
+    const int64_t B = a->B, S = a->S, H = a->H, HD = a->HD, group = a->H / a->KV;
+    const int64_t qblocks = (S + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
+    const float scale = 1.0f / sqrtf((float)HD);
+    pack_kv16(scratch, a, k, ld_k, v, ld_v);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * H * qblocks; task++) {
+        int64_t qb = qblocks - 1 - task % qblocks, bh = task / qblocks;
+        int64_t b = bh / H, h = bh % H, kvh = h / group;
+        int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK, kend = i0 + nq;
+        gemm_ctx_t *g = thread_gemm[omp_get_thread_num()];
+        thread_bufs_t t = thread_bufs(scratch, a);
+        rows_to_bf16(t.q16, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
+        /* scores[nq, kend] = q·kᵀ; the 1/sqrt(HD) is applied in the softmax, in fp32 */
+        gemm_bf16(g, false, true, nq, kend, HD, t.q16, HD, k16_of(scratch, a, b, kvh), HD, t.p, S, false);
+        attention_softmax_rows(t.p, S, i0, nq, kend, scale, lse + (b * H + h) * S, NULL);
+        strip_to_bf16(t.p16, t.p, S, nq, kend);
+        gemm_bf16(g, false, false, nq, HD, kend, t.p16, S, v16_of(scratch, a, b, kvh), HD,
+                  out + (b * S + i0) * ld_out + h * HD, ld_out, false);
+    }
+}
+
+void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
+                             const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
+                             const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
+                             const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch,
+                             gemm_ctx_t *const *thread_gemm) {
+    const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, group = a->H / a->KV;
+    const int64_t qblocks = (S + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
+    const float scale = 1.0f / sqrtf((float)HD);
+    pack_kv16(scratch, a, k, ld_k, v, ld_v);
+    /* One task per (batch, kv head), as the fp32 kernel: it alone writes that head's dk, dv. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * KV; task++) {
+        int64_t b = task / KV, kvh = task % KV;
+        gemm_ctx_t *g = thread_gemm[omp_get_thread_num()];
+        thread_bufs_t t = thread_bufs(scratch, a);
+        const bf16_t *k16 = k16_of(scratch, a, b, kvh), *v16 = v16_of(scratch, a, b, kvh);
+        float *dkp = dk + b * S * ld_dk + kvh * HD, *dvp = dv + b * S * ld_dv + kvh * HD;
+        for (int64_t s = 0; s < S; s++) {
+            memset(dkp + s * ld_dk, 0, (size_t)HD * sizeof(float));
+            memset(dvp + s * ld_dv, 0, (size_t)HD * sizeof(float));
+        }
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+            const float *row_lse = lse + (b * H + h) * S;
+            for (int64_t qb = 0; qb < qblocks; qb++) {
+                int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK, kend = i0 + nq;
+                const float *dop = dout + (b * S + i0) * ld_dout + h * HD, *op = out + (b * S + i0) * ld_out + h * HD;
+                rows_to_bf16(t.q16, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
+                rows_to_bf16(t.do16, dop, ld_dout, nq, HD);
+                gemm_bf16(g, false, true, nq, kend, HD, t.q16, HD, k16, HD, t.p, S, false);
+                attention_softmax_rows(t.p, S, i0, nq, kend, scale, NULL, row_lse);
+                gemm_bf16(g, false, true, nq, kend, HD, t.do16, HD, v16, HD, t.dp, S, false); /* dP = dO·Vᵀ */
+                for (int64_t r = 0; r < nq; r++) {
+                    float di = 0.0f; /* Σ dO·O = Σ_j P·dP for this row */
+                    for (int64_t d = 0; d < HD; d++) di += dop[r * ld_dout + d] * op[r * ld_out + d];
+                    float *prow = t.p + r * S, *dprow = t.dp + r * S;
+                    /* dS, with the softmax's 1/sqrt(HD) folded in for dQ and dK */
+#pragma omp simd
+                    for (int64_t j = 0; j < kend; j++) dprow[j] = scale * prow[j] * (dprow[j] - di);
+                }
+                strip_to_bf16(t.ds16, t.dp, S, nq, kend);
+                strip_to_bf16(t.p16, t.p, S, nq, kend);
+                gemm_bf16(g, false, false, nq, HD, kend, t.ds16, S, k16, HD, dq + (b * S + i0) * ld_dq + h * HD, ld_dq, false);
+                gemm_bf16(g, true, false, kend, HD, nq, t.ds16, S, t.q16, HD, dkp, ld_dk, true);
+                gemm_bf16(g, true, false, kend, HD, nq, t.p16, S, t.do16, HD, dvp, ld_dv, true);
+            }
+        }
+    }
+}
