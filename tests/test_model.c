@@ -67,7 +67,7 @@ static void load_fixture(fixture_t *f, const char *name) {
     if (rc) fprintf(stderr, "config: %s\n", err);
     assert_int_equal(rc, 0);
     assert_int_equal(plan_build(&f->plan, &f->cfg, 2, 1, err, sizeof err), 0);
-    rc = train_state_create(&f->state, &f->cfg, &f->plan, NULL, err, sizeof err);
+    rc = train_state_create(&f->state, &f->cfg, &f->plan, NULL, NULL, err, sizeof err);
     if (rc) fprintf(stderr, "state: %s\n", err);
     assert_int_equal(rc, 0);
     const st_tensor_t *tok = safetensors_find(r, "tokens");
@@ -196,7 +196,7 @@ static void test_remat_full_matches_none(void **st) {
     assert_int_equal(plan_build(&plan, &f.cfg, 2, 1, err, sizeof err), 0);
     assert_true(plan.activations_bytes < f.plan.activations_bytes);
     train_state_t s2;
-    assert_int_equal(train_state_create(&s2, &f.cfg, &plan, NULL, err, sizeof err), 0);
+    assert_int_equal(train_state_create(&s2, &f.cfg, &plan, NULL, NULL, err, sizeof err), 0);
     double loss2 = qwen3_forward_backward(s2.model, f.tokens);
     assert_true(loss == loss2);
     assert_memory_equal(g, s2.grads, (size_t)n * sizeof(float));
@@ -216,7 +216,7 @@ static void test_tiny_model_learns(void **st) {
     plan_t plan;
     assert_int_equal(plan_build(&plan, &cfg, 2, 1, err, sizeof err), 0);
     train_state_t s;
-    assert_int_equal(train_state_create(&s, &cfg, &plan, NULL, err, sizeof err), 0);
+    assert_int_equal(train_state_create(&s, &cfg, &plan, NULL, NULL, err, sizeof err), 0);
     int64_t B = plan.dims.B, S = plan.dims.S;
     int32_t *tokens = malloc((size_t)(B * (S + 1)) * sizeof(int32_t));
     for (int64_t i = 0; i < B * (S + 1); i++) tokens[i] = (int32_t)((i * 7919 + 13) % plan.dims.V);

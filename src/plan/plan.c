@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dist/zero.h"
 #include "kernels/adamw.h"
 
 qwen3_dims_t plan_dims(const config_t *cfg) {
@@ -27,6 +28,25 @@ double plan_tflops_training_per_device(const qwen3_dims_t *d) {
     return (weights + attention * L * 3.0) / 1e12;
 }
 
+/* ici_fsdp × dcn_data = ranks, with -1 standing for what is left. */
+static int resolve_mesh(plan_t *p, const config_t *cfg, int num_ranks, char *err, size_t errlen) {
+    int64_t fsdp = cfg->ici_fsdp_parallelism, dcn = cfg->dcn_data_parallelism;
+    if (fsdp == -1 && num_ranks % dcn == 0) fsdp = num_ranks / dcn;
+    if (dcn == -1 && num_ranks % fsdp == 0) dcn = num_ranks / fsdp;
+    if (fsdp < 1 || dcn < 1 || fsdp * dcn != num_ranks) {
+        snprintf(err, errlen,
+                 "ici_fsdp_parallelism=%lld x dcn_data_parallelism=%lld does not make the %d rank%s this job "
+                 "has; set them so the product is %d, or one of them to -1",
+                 (long long)cfg->ici_fsdp_parallelism, (long long)cfg->dcn_data_parallelism, num_ranks,
+                 num_ranks == 1 ? "" : "s", num_ranks);
+        return CONFIG_EXIT_CODE;
+    }
+    p->num_ranks = num_ranks;
+    p->shard_ranks = (int)fsdp;
+    p->replica_groups = (int)dcn;
+    return 0;
+}
+
 int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
     p->dims = plan_dims(cfg);
@@ -36,7 +56,7 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
         return CONFIG_EXIT_CODE;
     }
     p->num_threads = num_threads;
-    p->num_ranks = num_ranks;
+    if (resolve_mesh(p, cfg, num_ranks, err, errlen) != 0) return CONFIG_EXIT_CODE;
     p->remat_full = strcmp(cfg->remat_policy, "full") == 0;
     p->xent_chunk = cfg->xent_chunk_tokens > 0 ? cfg->xent_chunk_tokens : qwen3_default_xent_chunk(d);
     if (p->xent_chunk > d->B * d->S) p->xent_chunk = d->B * d->S;
@@ -45,8 +65,10 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->tflops_per_device = plan_tflops_training_per_device(d);
     uint64_t n = (uint64_t)p->num_params, f = sizeof(float);
     p->params_bytes = n * f;
-    p->grads_bytes = n * f;
-    p->optimizer_bytes = 2 * n * f + (uint64_t)adamw_norm_partials(p->num_params) * sizeof(double);
+    p->shard_params = zero_shard_floats(p->num_params, p->shard_ranks);
+    uint64_t shard = (uint64_t)p->shard_params;
+    p->grads_bytes = n * f + (p->shard_ranks > 1 ? shard * f : 0);
+    p->optimizer_bytes = 2 * shard * f + (uint64_t)adamw_norm_partials(p->shard_params) * sizeof(double);
     p->activations_bytes = (uint64_t)qwen3_saved_activation_floats(d, p->remat_full) * f;
     p->scratch_bytes = (uint64_t)qwen3_scratch_floats(d, num_threads, p->xent_chunk) * f;
     p->total_bytes = p->params_bytes + p->grads_bytes + p->optimizer_bytes + p->activations_bytes + p->scratch_bytes;
@@ -85,6 +107,10 @@ void plan_print(const plan_t *p, FILE *out) {
             (long long)d->B, (long long)d->S, (long long)d->D, (long long)d->F, (long long)d->L, (long long)d->H,
             (long long)d->KV, (long long)d->HD, (long long)d->V, d->tied ? "true" : "false", d->qk_norm ? "true" : "false");
     fprintf(out, "num_ranks: %d\n", p->num_ranks);
+    fprintf(out, "global_batch_size: %lld\n", (long long)d->B * p->num_ranks);
+    fprintf(out, "optimizer_shard_ranks: %d (ici_fsdp_parallelism: ranks sharing one copy of the AdamW state)\n", p->shard_ranks);
+    fprintf(out, "optimizer_replicas: %d (dcn_data_parallelism: copies of the AdamW state)\n", p->replica_groups);
+    fprintf(out, "optimizer_shard_parameters: %lld (AdamW state kept by each rank)\n", (long long)p->shard_params);
     fprintf(out, "compute_threads: %d\n", p->num_threads);
     fprintf(out, "remat_policy: %s\n", p->remat_full ? "full" : "none");
     fprintf(out, "xent_chunk_tokens: %lld\n", (long long)p->xent_chunk);

@@ -14,13 +14,17 @@
 typedef struct plan {
     qwen3_dims_t dims;      /* this device's batch */
     int num_threads;
-    int num_ranks;
+    int num_ranks;             /* MPI ranks in the job; the global batch is num_ranks·B */
+    int shard_ranks;           /* ici_fsdp_parallelism resolved: ranks that split the optimizer state */
+    int replica_groups;        /* dcn_data_parallelism resolved: copies of the optimizer state */
+    int64_t shard_params;      /* parameters whose AdamW state this rank keeps (the largest shard) */
     bool remat_full;
     int64_t xent_chunk;
     int64_t num_params;
     int64_t tokens_per_device; /* B·S per step */
     double tflops_per_device;  /* per step, MaxText's calculate_tflops_training_per_device */
-    /* memory plan, bytes */
+    /* memory plan, bytes per rank. grads: the full local gradients, plus this rank's reduced
+     * shard when the state is sharded; optimizer: AdamW m and v of the shard (ZeRO-1). */
     uint64_t params_bytes, grads_bytes, optimizer_bytes, activations_bytes, scratch_bytes, total_bytes;
 } plan_t;
 
@@ -33,6 +37,8 @@ qwen3_dims_t plan_dims(const config_t *cfg);
  * per layer, also ×3. */
 double plan_tflops_training_per_device(const qwen3_dims_t *d);
 
+/* num_ranks: the ranks of the job; ici_fsdp_parallelism × dcn_data_parallelism must come to
+ * it (-1 fills in). A mismatch is a config error naming both keys. */
 int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, char *err, size_t errlen);
 
 /* Bytes of memory this machine can give the run: memory_limit_gib when set, else physical
