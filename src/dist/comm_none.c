@@ -8,6 +8,12 @@
 comm_backend_t *comm_backend_init(int *argc, char ***argv, int *rank, int *size) {
     (void)argc;
     (void)argv;
+    /* Under mpirun every copy would think it is the only rank and train alone. */
+    if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK")) {
+        fprintf(stderr, "stepscope: started by an MPI launcher, but this build has no MPI; install an MPI "
+                        "library (Debian: libopenmpi-dev openmpi-bin) and rebuild (make clean && make)\n");
+        exit(2);
+    }
     *rank = 0;
     *size = 1;
     return NULL;
