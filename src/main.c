@@ -65,11 +65,12 @@ int main(int argc, char **argv) {
         plan_ranks = (int)(cfg.ici_fsdp_parallelism * cfg.dcn_data_parallelism);
     plan_t plan;
     rc = plan_build(&plan, &cfg, threads, plan_ranks, err, sizeof err);
+    plan.ranks_per_host = comm_host_ranks(world);
     if ((rc = comm_agree(world, rc, err)) != 0) return finish(world, rc);
     if (dry_run && comm_rank(world) == 0) {
         config_print(&cfg, stdout);
         plan_print(&plan, stdout);
-        printf("memory_available_bytes: %llu\n", (unsigned long long)plan_memory_available(&cfg));
+        printf("memory_available_bytes: %llu\n", (unsigned long long)plan_memory_available(&plan, &cfg));
     }
     rc = plan_check_memory(&plan, &cfg, err, sizeof err);
     if ((rc = comm_agree(world, rc, err)) != 0 || dry_run) return finish(world, rc);

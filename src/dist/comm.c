@@ -11,6 +11,7 @@
 struct comm {
     comm_backend_t *be; /* NULL for a one-rank group */
     int rank, size;
+    int host_ranks;
     uint64_t bytes_sent;
 };
 
@@ -30,6 +31,7 @@ comm_t *comm_init(int *argc, char ***argv) {
     comm_backend_t *be = comm_backend_init(argc, argv, &rank, &size);
     comm_t *c = comm_new(be, rank, size);
     c->be = be; /* the world keeps its backend even with one rank, to finalise it */
+    c->host_ranks = c->size > 1 ? comm_backend_host_ranks(be) : 1;
     return c;
 }
 
@@ -41,6 +43,7 @@ void comm_finalize(comm_t *world) {
 
 int comm_rank(const comm_t *c) { return c->rank; }
 int comm_size(const comm_t *c) { return c->size; }
+int comm_host_ranks(const comm_t *world) { return world->host_ranks; }
 
 const char *comm_describe(const comm_t *world, char *buf, int n) { return comm_backend_name(world->be, buf, n); }
 

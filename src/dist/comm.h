@@ -27,6 +27,8 @@ comm_t *comm_init(int *argc, char ***argv);
 void comm_finalize(comm_t *world);
 int comm_rank(const comm_t *c);
 int comm_size(const comm_t *c);
+/* Ranks of the world on this rank's machine (they share its memory). */
+int comm_host_ranks(const comm_t *world);
 /* "Open MPI v4.1.4" or "none (built without MPI)" or "MPI (not launched by mpirun)". */
 const char *comm_describe(const comm_t *world, char *buf, int n);
 

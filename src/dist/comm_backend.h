@@ -13,6 +13,7 @@ void comm_backend_finalize(comm_backend_t *world);
 const char *comm_backend_name(const comm_backend_t *world, char *buf, int n);
 comm_backend_t *comm_backend_split(comm_backend_t *c, int color, int key, int *rank, int *size);
 void comm_backend_free(comm_backend_t *c);
+int comm_backend_host_ranks(comm_backend_t *world); /* ranks sharing this machine */
 _Noreturn void comm_backend_abort(comm_backend_t *c, int code);
 void comm_backend_allreduce_f64(comm_backend_t *c, double *buf, int n);
 void comm_backend_allreduce_max_i32(comm_backend_t *c, int *buf, int n);

@@ -73,6 +73,15 @@ comm_backend_t *comm_backend_split(comm_backend_t *c, int color, int key, int *r
     return wrap(sub, rank, size);
 }
 
+int comm_backend_host_ranks(comm_backend_t *world) {
+    MPI_Comm host;
+    int n = 1;
+    MPI_Comm_split_type(world->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+    MPI_Comm_size(host, &n);
+    MPI_Comm_free(&host);
+    return n;
+}
+
 void comm_backend_free(comm_backend_t *c) {
     if (!c) return;
     if (c->comm != MPI_COMM_WORLD) MPI_Comm_free(&c->comm);

@@ -56,6 +56,7 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
         return CONFIG_EXIT_CODE;
     }
     p->num_threads = num_threads;
+    p->ranks_per_host = 1;
     if (resolve_mesh(p, cfg, num_ranks, err, errlen) != 0) return CONFIG_EXIT_CODE;
     p->remat_full = strcmp(cfg->remat_policy, "full") == 0;
     p->xent_chunk = cfg->xent_chunk_tokens > 0 ? cfg->xent_chunk_tokens : qwen3_default_xent_chunk(d);
@@ -80,20 +81,21 @@ static uint64_t physical_memory(void) {
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 }
 
-uint64_t plan_memory_available(const config_t *cfg) {
+uint64_t plan_memory_available(const plan_t *p, const config_t *cfg) {
     if (cfg->memory_limit_gib > 0) return (uint64_t)(cfg->memory_limit_gib * 1073741824.0);
     /* Leave room for the system, the libraries and the data ring: 90% of physical memory. */
-    return physical_memory() / 10 * 9;
+    return physical_memory() / 10 * 9 / (uint64_t)(p->ranks_per_host > 1 ? p->ranks_per_host : 1);
 }
 
 int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t errlen) {
-    uint64_t avail = plan_memory_available(cfg);
+    uint64_t avail = plan_memory_available(p, cfg);
     if (p->total_bytes <= avail) return 0;
     const double gib = 1073741824.0;
     snprintf(err, errlen,
-             "the memory plan needs %.2f GiB per device (activations %.2f GiB) but %.2f GiB is available; "
+             "the memory plan needs %.2f GiB per device (activations %.2f GiB) but %.2f GiB is available%s; "
              "lower per_device_batch_size or max_target_length%s, or use more ranks",
              (double)p->total_bytes / gib, (double)p->activations_bytes / gib, (double)avail / gib,
+             p->ranks_per_host > 1 && cfg->memory_limit_gib <= 0 ? " (this host's share per rank)" : "",
              p->remat_full ? "" : ", or set remat_policy=full");
     return CONFIG_EXIT_CODE;
 }

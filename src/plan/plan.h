@@ -18,6 +18,7 @@ typedef struct plan {
     int shard_ranks;           /* ici_fsdp_parallelism resolved: ranks that split the optimizer state */
     int replica_groups;        /* dcn_data_parallelism resolved: copies of the optimizer state */
     int64_t shard_params;      /* parameters whose AdamW state this rank keeps (the largest shard) */
+    int ranks_per_host;        /* ranks sharing this machine's memory (1 unless the caller sets it) */
     bool remat_full;
     int64_t xent_chunk;
     int64_t num_params;
@@ -41,9 +42,9 @@ double plan_tflops_training_per_device(const qwen3_dims_t *d);
  * it (-1 fills in). A mismatch is a config error naming both keys. */
 int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, char *err, size_t errlen);
 
-/* Bytes of memory this machine can give the run: memory_limit_gib when set, else physical
- * memory less what the system keeps. */
-uint64_t plan_memory_available(const config_t *cfg);
+/* Bytes of memory this rank can have: memory_limit_gib when set, else physical memory less
+ * what the system keeps, split between the ranks on this host. */
+uint64_t plan_memory_available(const plan_t *p, const config_t *cfg);
 
 /* Non-zero (and one line in err naming what would help) when the plan does not fit. */
 int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t errlen);
