@@ -1,11 +1,15 @@
 /* comm_mpi: the collectives over MPI (built when make finds mpicc). MPI is initialised only
  * when a launcher started this process, so `stepscope` run by hand never touches it.
- * Errors inside MPI use its default handler, MPI_ERRORS_ARE_FATAL: they end the job. */
+ * Errors inside MPI use its default handler, MPI_ERRORS_ARE_FATAL: they end the job.
+ * Collectives are started non-blocking and waited for by wait_request, which does not spin
+ * for long: MPI's blocking calls poll shared memory at full speed, and a rank waiting for a
+ * slower one would take a core from its own compute threads. */
 #include <mpi.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dist/comm_backend.h"
 
@@ -17,6 +21,21 @@ struct comm_backend {
 static bool launched_by_mpi(void) {
     /* Open MPI's mpirun, MPICH's hydra and PMIx launchers (srun) each set one of these. */
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+enum { SPIN_TESTS = 2000, SLEEP_NS = 50000 };
+
+/* Test in a tight loop for a few microseconds (a collective whose peers are all there and
+ * whose data is small is done by then), then every 50 µs: the thread sleeps while it waits
+ * for a slower rank, and a transfer in progress loses at most 50 µs per protocol round. */
+static void wait_request(MPI_Request *req) {
+    int done = 0;
+    for (int i = 0; i < SPIN_TESTS && !done; i++) MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    const struct timespec pause = {0, SLEEP_NS};
+    while (!done) {
+        nanosleep(&pause, NULL);
+        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    }
 }
 
 static comm_backend_t *wrap(MPI_Comm comm, int *rank, int *size) {
@@ -96,23 +115,33 @@ _Noreturn void comm_backend_abort(comm_backend_t *c, int code) {
 }
 
 void comm_backend_allreduce_f64(comm_backend_t *c, double *buf, int n) {
-    MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_SUM, c->comm);
+    MPI_Request req;
+    MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_SUM, c->comm, &req);
+    wait_request(&req);
 }
 
 void comm_backend_allreduce_max_i32(comm_backend_t *c, int *buf, int n) {
-    MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_INT, MPI_MAX, c->comm);
+    MPI_Request req;
+    MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_INT, MPI_MAX, c->comm, &req);
+    wait_request(&req);
 }
 
 void comm_backend_allreduce_f32(comm_backend_t *c, float *buf, int n) {
-    MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, c->comm);
+    MPI_Request req;
+    MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, c->comm, &req);
+    wait_request(&req);
 }
 
 void comm_backend_bcast_i64(comm_backend_t *c, int64_t *buf, int n, int root) {
-    MPI_Bcast(buf, n, MPI_INT64_T, root, c->comm);
+    MPI_Request req;
+    MPI_Ibcast(buf, n, MPI_INT64_T, root, c->comm, &req);
+    wait_request(&req);
 }
 
 void comm_backend_reduce_scatter_f32(comm_backend_t *c, const float *send, float *recv, const int *counts) {
-    MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, c->comm);
+    MPI_Request req;
+    MPI_Ireduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, c->comm, &req);
+    wait_request(&req);
 }
 
 void comm_backend_allgather_f32(comm_backend_t *c, float *buf, const int *counts) {
@@ -123,5 +152,7 @@ void comm_backend_allgather_f32(comm_backend_t *c, float *buf, const int *counts
         c->displs[r] = off;
         off += counts[r];
     }
-    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, c->displs, MPI_FLOAT, c->comm);
+    MPI_Request req;
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, c->displs, MPI_FLOAT, c->comm, &req);
+    wait_request(&req);
 }
