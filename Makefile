@@ -33,6 +33,11 @@ LIB_SRC  := $(filter-out src/main.c $(COMM_DROP),$(shell find src -name '*.c' | 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(shell find tests -maxdepth 1 -name 'test_*.c' | sort)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# With MPI, test_dist also runs against the one-process backend (comm_none.o linked ahead of
+# the archive), so the build without MPI cannot rot unnoticed.
+ifeq ($(MPI),1)
+TEST_BIN += $(BUILD)/tests/test_dist_nompi
+endif
 
 .PHONY: all test check clean
 all: $(BUILD)/stepscope $(TEST_BIN)
@@ -56,6 +61,9 @@ $(BUILD)/stepscope: $(BUILD)/src/main.o $(BUILD)/libstepscope.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libstepscope.a
+	$(CC) $(LDFLAGS) -o $@ $^ -lcmocka $(LDLIBS)
+
+$(BUILD)/tests/test_dist_nompi: $(BUILD)/tests/test_dist.o $(BUILD)/src/dist/comm_none.o $(BUILD)/libstepscope.a
 	$(CC) $(LDFLAGS) -o $@ $^ -lcmocka $(LDLIBS)
 
 test: all
