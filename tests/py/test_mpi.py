@@ -269,3 +269,13 @@ def test_a_rank_that_dies_ends_the_job(tmp_path):
             proc.communicate()
     assert proc.returncode != 0
     assert re.search(r"rank 1 .*(signal 9|Killed)", err, re.S), err[-2000:]
+
+
+def test_divergence_stops_every_rank_at_one_step(tmp_path):
+    r = mpirun(tmp_path, 2, *FAST, "steps=50", "learning_rate=1e6", "gradient_clipping_threshold=0", "run_name=r",
+               timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    msgs = [l for l in r.stderr.splitlines() if l.startswith("stepscope: rank")]
+    assert len(msgs) == 1 and msgs[0].startswith("stepscope: rank 0: "), r.stderr    # said once
+    assert re.search(r"(NaN|not finite|Inf)", msgs[0])
+    assert len(metrics(tmp_path, "r")) < 50
