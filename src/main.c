@@ -1,4 +1,6 @@
-/* stepscope: argv → config → plan → run, and the exit codes. */
+/* stepscope: argv → config → plan → run, and the exit codes. Under mpirun every rank runs
+ * this same sequence; each step that can fail on one rank (a file missing on one host)
+ * ends in an agreement, so all ranks leave together with the one message. */
 #include <omp.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -6,69 +8,73 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "dist/comm.h"
 #include "plan/plan.h"
 #include "train/loop.h"
 
 #define STEPSCOPE_VERSION "0.1.0"
 
+static int finish(comm_t *world, int rc) {
+    comm_finalize(world);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     /* Users pipe the step lines through tee or a CI log: one line per step, as it happens. */
     setvbuf(stdout, NULL, _IOLBF, 0);
+    comm_t *world = comm_init(&argc, &argv);
+    int ranks = comm_size(world);
     bool dry_run = false;
     const char *config_path = NULL;
     char **overrides = calloc((size_t)argc + 1, sizeof *overrides);
     int num_overrides = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            config_print_help(stdout);
+            if (comm_rank(world) == 0) config_print_help(stdout);
             free(overrides);
-            return 0;
+            return finish(world, 0);
         }
         if (strcmp(argv[i], "--version") == 0) {
-            printf("stepscope %s\n", STEPSCOPE_VERSION);
+            if (comm_rank(world) == 0) printf("stepscope %s\n", STEPSCOPE_VERSION);
             free(overrides);
-            return 0;
+            return finish(world, 0);
         }
         if (strcmp(argv[i], "--dry-run") == 0) dry_run = true;
         else if (strncmp(argv[i], "--", 2) == 0) {
-            fprintf(stderr, "stepscope: unknown option %s; see stepscope --help\n", argv[i]);
+            char msg[256];
+            snprintf(msg, sizeof msg, "unknown option %s; see stepscope --help", argv[i]);
             free(overrides);
-            return CONFIG_EXIT_CODE;
+            return finish(world, comm_agree(world, CONFIG_EXIT_CODE, msg));
         } else if (!config_path && !strchr(argv[i], '=')) config_path = argv[i];
         else overrides[num_overrides++] = argv[i];
     }
     if (!config_path) {
-        fprintf(stderr, "stepscope: no config file given; usage: stepscope configs/base.yml [key=value ...] (see --help)\n");
         free(overrides);
-        return CONFIG_EXIT_CODE;
+        return finish(world, comm_agree(world, CONFIG_EXIT_CODE,
+                                        "no config file given; usage: stepscope configs/base.yml [key=value ...] (see --help)"));
     }
     static config_t cfg;
-    char err[1024];
+    char err[1024] = "";
     int rc = config_load(&cfg, config_path, num_overrides, overrides, err, sizeof err);
     free(overrides);
-    if (rc != 0) {
-        fprintf(stderr, "stepscope: %s\n", err);
-        return rc;
-    }
+    if ((rc = comm_agree(world, rc, err)) != 0) return finish(world, rc);
     int threads = cfg.num_threads > 0 ? (int)cfg.num_threads : omp_get_num_procs();
+    /* A dry run in one process may plan for the ranks the mesh keys name. */
+    int plan_ranks = ranks;
+    if (dry_run && ranks == 1 && cfg.ici_fsdp_parallelism > 0 && cfg.dcn_data_parallelism > 0)
+        plan_ranks = (int)(cfg.ici_fsdp_parallelism * cfg.dcn_data_parallelism);
     plan_t plan;
-    if ((rc = plan_build(&plan, &cfg, threads, 1, err, sizeof err)) != 0) {
-        fprintf(stderr, "stepscope: %s\n", err);
-        return rc;
-    }
-    if (dry_run) {
+    rc = plan_build(&plan, &cfg, threads, plan_ranks, err, sizeof err);
+    plan.ranks_per_host = comm_host_ranks(world);
+    if ((rc = comm_agree(world, rc, err)) != 0) return finish(world, rc);
+    if (dry_run && comm_rank(world) == 0) {
         config_print(&cfg, stdout);
         plan_print(&plan, stdout);
-        printf("memory_available_bytes: %llu\n", (unsigned long long)plan_memory_available(&cfg));
+        printf("memory_available_bytes: %llu\n", (unsigned long long)plan_memory_available(&plan, &cfg));
     }
-    if ((rc = plan_check_memory(&plan, &cfg, err, sizeof err)) != 0) {
-        fprintf(stderr, "stepscope: %s\n", err);
-        return rc;
-    }
-    if (dry_run) return 0;
+    rc = plan_check_memory(&plan, &cfg, err, sizeof err);
+    if ((rc = comm_agree(world, rc, err)) != 0 || dry_run) return finish(world, rc);
     /* Set-up (arena touch, parameter init) runs on this thread's team: same size as the step's. */
     omp_set_num_threads(threads);
-    rc = loop_run(&cfg, &plan, err, sizeof err);
-    if (rc != 0) fprintf(stderr, "stepscope: %s\n", err);
-    return rc;
+    return finish(world, loop_run(&cfg, &plan, world));
 }

@@ -68,7 +68,7 @@ static void load_fixture(fixture_t *f, const char *name) {
     if (rc) fprintf(stderr, "config: %s\n", err);
     assert_int_equal(rc, 0);
     assert_int_equal(plan_build(&f->plan, &f->cfg, 2, 1, err, sizeof err), 0);
-    rc = train_state_create(&f->state, &f->cfg, &f->plan, NULL, err, sizeof err);
+    rc = train_state_create(&f->state, &f->cfg, &f->plan, NULL, NULL, err, sizeof err);
     if (rc) fprintf(stderr, "state: %s\n", err);
     assert_int_equal(rc, 0);
     const st_tensor_t *tok = safetensors_find(r, "tokens");
@@ -204,7 +204,7 @@ static void test_remat_matches_none(void **st) {
         assert_true(plan.activations_bytes < kept);
         kept = plan.activations_bytes;
         train_state_t s2;
-        assert_int_equal(train_state_create(&s2, &f.cfg, &plan, NULL, err, sizeof err), 0);
+        assert_int_equal(train_state_create(&s2, &f.cfg, &plan, NULL, NULL, err, sizeof err), 0);
         double loss2 = qwen3_forward_backward(s2.model, f.tokens);
         assert_true(loss == loss2);
         assert_memory_equal(g, s2.grads, (size_t)n * sizeof(float));
@@ -220,7 +220,7 @@ static void new_state(train_state_t *s, plan_t *plan, int n, char **overrides) {
     config_t cfg;
     assert_int_equal(config_load(&cfg, NULL, n, overrides, err, sizeof err), 0);
     assert_int_equal(plan_build(plan, &cfg, 2, 1, err, sizeof err), 0);
-    assert_int_equal(train_state_create(s, &cfg, plan, NULL, err, sizeof err), 0);
+    assert_int_equal(train_state_create(s, &cfg, plan, NULL, NULL, err, sizeof err), 0);
 }
 
 /* dtype=bfloat16 rounds every matmul input to bf16 (relative error up to 2^-9 ≈ 2e-3 per
@@ -238,7 +238,7 @@ static void test_bf16_against_reference(void **st) {
     assert_int_equal(plan_build(&f.plan, &f.cfg, 2, 1, err, sizeof err), 0);
     assert_true(f.plan.bf16);
     assert_int_equal(f.plan.params_bf16_bytes, (uint64_t)f.plan.num_params * 2);
-    assert_int_equal(train_state_create(&f.state, &f.cfg, &f.plan, NULL, err, sizeof err), 0);
+    assert_int_equal(train_state_create(&f.state, &f.cfg, &f.plan, NULL, NULL, err, sizeof err), 0);
     double loss = qwen3_forward_backward(f.state.model, f.tokens);
     double ref_loss = ref_scalar(&f, "loss", 0), loss_rel = fabs(loss - ref_loss) / ref_loss;
     double worst = worst_tensor_error(&f, "grad.", f.state.grads, 3e-2, NULL);

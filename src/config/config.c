@@ -516,6 +516,12 @@ static int check_cross(loader_t *L) {
         return fail(L, "dataset_path=%s %s is only used with dataset_type=tokens, but dataset_type=%s; "
                        "set dataset_type=tokens or dataset_path=\"\"",
                     c->dataset_path, ORIGIN(dataset_path), c->dataset_type);
+    if (c->ici_fsdp_parallelism == 0 || c->dcn_data_parallelism == 0 ||
+        (c->ici_fsdp_parallelism == -1 && c->dcn_data_parallelism == -1))
+        return fail(L, "ici_fsdp_parallelism=%" PRId64 " %s, dcn_data_parallelism=%" PRId64
+                       " %s: allowed: each >= 1 or -1 (= the ranks left), at most one of them -1",
+                    c->ici_fsdp_parallelism, ORIGIN(ici_fsdp_parallelism), c->dcn_data_parallelism,
+                    ORIGIN(dcn_data_parallelism));
     if (strcmp(c->profiler, "xplane") == 0) {
         if (c->skip_first_n_steps_for_profiler >= c->steps)
             return fail(L, "skip_first_n_steps_for_profiler=%" PRId64 " %s with steps=%" PRId64

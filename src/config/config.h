@@ -62,6 +62,10 @@ typedef struct config {
     char profiler[CONFIG_STR_MAX]; /* "" or "xplane" */
     int64_t skip_first_n_steps_for_profiler;
     int64_t profiler_steps;
+    bool upload_all_profiler_results; /* every rank writes its profile, not only rank 0 */
+    /* parallelism: the product is the number of ranks; -1 = whatever makes it so */
+    int64_t ici_fsdp_parallelism; /* ranks sharing one copy of the optimizer state */
+    int64_t dcn_data_parallelism; /* copies of the optimizer state */
     /* machine (ours) */
     int64_t num_threads;        /* compute threads; 0 = all online CPUs */
     double device_peak_tflops;  /* 0 = measure with a start-up probe */

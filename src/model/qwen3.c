@@ -499,9 +499,16 @@ static double forward(qwen3_model_t *m, const int32_t *tokens, bool with_grad) {
 
 double qwen3_forward_loss(qwen3_model_t *m, const int32_t *tokens) { return forward(m, tokens, false); }
 
+/* Gradients [lo, hi) are final: tell the grads_ready hook. */
+static void grads_ready(qwen3_model_t *m, const float *lo, const float *hi) {
+    if (m->opt.grads_ready) m->opt.grads_ready(m->opt.grads_ready_arg, lo - m->dw.embed, hi - lo);
+}
+
 double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens) {
     const qwen3_dims_t *d = &m->d;
     double loss = forward(m, tokens, true);
+    /* The embedding comes first in the buffer and the head last; a tied head is the embedding. */
+    grads_ready(m, m->dw.final_norm, d->tied ? m->dw.final_norm + d->D : m->dw.lm_head + d->V * d->D);
     int64_t span = trace_begin(m->trace);
     for (int64_t l = d->L - 1; l >= 0; l--) {
         const float *x = layer_input(m, l);
@@ -509,8 +516,10 @@ double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens) {
             if (m->opt.remat == QWEN3_REMAT_FULL) layer_forward(m, l, x, m->s.dln); /* refill the shared acts; output unused */
             layer_backward(m, l, x);
         });
+        grads_ready(m, m->dw.layers[l].input_norm, l + 1 < d->L ? m->dw.layers[l + 1].input_norm : m->dw.final_norm);
     }
     SPAN(m, m->names.bwd[OP_EMBED], 0, embed_backward(m->dw.embed, m->s.dres, tokens, d->S + 1, d->B, d->S, d->D));
+    grads_ready(m, m->dw.embed, m->dw.embed + d->V * d->D);
     trace_end(m->trace, 0, m->names.backward, span, 0);
     return loss;
 }

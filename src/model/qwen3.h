@@ -106,6 +106,12 @@ typedef struct qwen3_options {
     float z_loss;
     bool bf16;      /* matmuls take bf16 inputs (fp32 accumulation); see qwen3_create */
     trace_t *trace; /* may be NULL */
+    /* Called (when set) during backward as soon as gradients [offset, offset+count) of the
+     * gradient buffer are final, in the order backward finishes them: the head (final norm,
+     * untied LM head), each layer from the last, then the embedding. Data parallelism starts
+     * reducing them there, overlapping the rest of backward. */
+    void (*grads_ready)(void *arg, int64_t offset, int64_t count);
+    void *grads_ready_arg;
 } qwen3_options_t;
 
 /* Bind a model to buffers sized by the plan: params and grads (qwen3_num_params floats each),

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dist/zero.h"
 #include "kernels/adamw.h"
 
 qwen3_dims_t plan_dims(const config_t *cfg) {
@@ -27,6 +28,25 @@ double plan_tflops_training_per_device(const qwen3_dims_t *d) {
     return (weights + attention * L * 3.0) / 1e12;
 }
 
+/* ici_fsdp × dcn_data = ranks, with -1 standing for what is left. */
+static int resolve_mesh(plan_t *p, const config_t *cfg, int num_ranks, char *err, size_t errlen) {
+    int64_t fsdp = cfg->ici_fsdp_parallelism, dcn = cfg->dcn_data_parallelism;
+    if (fsdp == -1 && num_ranks % dcn == 0) fsdp = num_ranks / dcn;
+    if (dcn == -1 && num_ranks % fsdp == 0) dcn = num_ranks / fsdp;
+    if (fsdp < 1 || dcn < 1 || fsdp * dcn != num_ranks) {
+        snprintf(err, errlen,
+                 "ici_fsdp_parallelism=%lld x dcn_data_parallelism=%lld does not make the %d rank%s this job "
+                 "has; set them so the product is %d, or one of them to -1",
+                 (long long)cfg->ici_fsdp_parallelism, (long long)cfg->dcn_data_parallelism, num_ranks,
+                 num_ranks == 1 ? "" : "s", num_ranks);
+        return CONFIG_EXIT_CODE;
+    }
+    p->num_ranks = num_ranks;
+    p->shard_ranks = (int)fsdp;
+    p->replica_groups = (int)dcn;
+    return 0;
+}
+
 int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
     p->dims = plan_dims(cfg);
@@ -36,7 +56,8 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
         return CONFIG_EXIT_CODE;
     }
     p->num_threads = num_threads;
-    p->num_ranks = num_ranks;
+    p->ranks_per_host = 1;
+    if (resolve_mesh(p, cfg, num_ranks, err, errlen) != 0) return CONFIG_EXIT_CODE;
     p->remat = !strcmp(cfg->remat_policy, "full")      ? QWEN3_REMAT_FULL
                : !strcmp(cfg->remat_policy, "minimal") ? QWEN3_REMAT_MINIMAL
                                                        : QWEN3_REMAT_NONE;
@@ -48,8 +69,10 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->tflops_per_device = plan_tflops_training_per_device(d);
     uint64_t n = (uint64_t)p->num_params, f = sizeof(float);
     p->params_bytes = n * f;
-    p->grads_bytes = n * f;
-    p->optimizer_bytes = 2 * n * f + (uint64_t)adamw_norm_partials(p->num_params) * sizeof(double);
+    p->shard_params = zero_shard_floats(p->num_params, p->shard_ranks);
+    uint64_t shard = (uint64_t)p->shard_params;
+    p->grads_bytes = n * f + (p->shard_ranks > 1 ? shard * f : 0);
+    p->optimizer_bytes = 2 * shard * f + (uint64_t)adamw_norm_partials(p->shard_params) * sizeof(double);
     p->activations_bytes = (uint64_t)qwen3_saved_activation_floats(d, p->remat) * f;
     p->scratch_bytes = (uint64_t)qwen3_scratch_floats(d, num_threads, p->xent_chunk, p->bf16, p->remat) * f;
     p->params_bf16_bytes = p->bf16 ? n * sizeof(bf16_t) : 0;
@@ -63,20 +86,21 @@ static uint64_t physical_memory(void) {
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 }
 
-uint64_t plan_memory_available(const config_t *cfg) {
+uint64_t plan_memory_available(const plan_t *p, const config_t *cfg) {
     if (cfg->memory_limit_gib > 0) return (uint64_t)(cfg->memory_limit_gib * 1073741824.0);
     /* Leave room for the system, the libraries and the data ring: 90% of physical memory. */
-    return physical_memory() / 10 * 9;
+    return physical_memory() / 10 * 9 / (uint64_t)(p->ranks_per_host > 1 ? p->ranks_per_host : 1);
 }
 
 int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t errlen) {
-    uint64_t avail = plan_memory_available(cfg);
+    uint64_t avail = plan_memory_available(p, cfg);
     if (p->total_bytes <= avail) return 0;
     const double gib = 1073741824.0;
     snprintf(err, errlen,
-             "the memory plan needs %.2f GiB per device (activations %.2f GiB) but %.2f GiB is available; "
+             "the memory plan needs %.2f GiB per device (activations %.2f GiB) but %.2f GiB is available%s; "
              "lower per_device_batch_size or max_target_length%s, or use more ranks",
              (double)p->total_bytes / gib, (double)p->activations_bytes / gib, (double)avail / gib,
+             p->ranks_per_host > 1 && cfg->memory_limit_gib <= 0 ? " (this host's share per rank)" : "",
              p->remat == QWEN3_REMAT_FULL ? "" : ", or set remat_policy=full");
     return CONFIG_EXIT_CODE;
 }
@@ -90,6 +114,10 @@ void plan_print(const plan_t *p, FILE *out) {
             (long long)d->B, (long long)d->S, (long long)d->D, (long long)d->F, (long long)d->L, (long long)d->H,
             (long long)d->KV, (long long)d->HD, (long long)d->V, d->tied ? "true" : "false", d->qk_norm ? "true" : "false");
     fprintf(out, "num_ranks: %d\n", p->num_ranks);
+    fprintf(out, "global_batch_size: %lld\n", (long long)d->B * p->num_ranks);
+    fprintf(out, "optimizer_shard_ranks: %d (ici_fsdp_parallelism: ranks sharing one copy of the AdamW state)\n", p->shard_ranks);
+    fprintf(out, "optimizer_replicas: %d (dcn_data_parallelism: copies of the AdamW state)\n", p->replica_groups);
+    fprintf(out, "optimizer_shard_parameters: %lld (AdamW state kept by each rank)\n", (long long)p->shard_params);
     fprintf(out, "compute_threads: %d\n", p->num_threads);
     static const char *const remat_names[] = {"none", "minimal", "full"};
     fprintf(out, "remat_policy: %s\n", remat_names[p->remat]);

@@ -14,14 +14,19 @@
 typedef struct plan {
     qwen3_dims_t dims;      /* this device's batch */
     int num_threads;
-    int num_ranks;
+    int num_ranks;             /* MPI ranks in the job; the global batch is num_ranks·B */
+    int shard_ranks;           /* ici_fsdp_parallelism resolved: ranks that split the optimizer state */
+    int replica_groups;        /* dcn_data_parallelism resolved: copies of the optimizer state */
+    int64_t shard_params;      /* parameters whose AdamW state this rank keeps (the largest shard) */
+    int ranks_per_host;        /* ranks sharing this machine's memory (1 unless the caller sets it) */
     qwen3_remat_t remat;
-    bool bf16;              /* dtype=bfloat16: bf16 matmul inputs, fp32 everything else */
+    bool bf16;                 /* dtype=bfloat16: bf16 matmul inputs, fp32 everything else */
     int64_t xent_chunk;
     int64_t num_params;
     int64_t tokens_per_device; /* B·S per step */
     double tflops_per_device;  /* per step, MaxText's calculate_tflops_training_per_device */
-    /* memory plan, bytes */
+    /* memory plan, bytes per rank. grads: the full local gradients, plus this rank's reduced
+     * shard when the state is sharded; optimizer: AdamW m and v of the shard (ZeRO-1). */
     uint64_t params_bytes, grads_bytes, optimizer_bytes, activations_bytes, scratch_bytes, total_bytes;
     uint64_t params_bf16_bytes; /* the matmuls' bf16 copy of the weights; 0 in fp32 runs */
 } plan_t;
@@ -35,11 +40,13 @@ qwen3_dims_t plan_dims(const config_t *cfg);
  * per layer, also ×3. */
 double plan_tflops_training_per_device(const qwen3_dims_t *d);
 
+/* num_ranks: the ranks of the job; ici_fsdp_parallelism × dcn_data_parallelism must come to
+ * it (-1 fills in). A mismatch is a config error naming both keys. */
 int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, char *err, size_t errlen);
 
-/* Bytes of memory this machine can give the run: memory_limit_gib when set, else physical
- * memory less what the system keeps. */
-uint64_t plan_memory_available(const config_t *cfg);
+/* Bytes of memory this rank can have: memory_limit_gib when set, else physical memory less
+ * what the system keeps, split between the ranks on this host. */
+uint64_t plan_memory_available(const plan_t *p, const config_t *cfg);
 
 /* Non-zero (and one line in err naming what would help) when the plan does not fit. */
 int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t errlen);

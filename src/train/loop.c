@@ -22,7 +22,8 @@
 #include "util/atomic_file.h"
 #include "util/peak.h"
 
-enum { LANE_COMPUTE = 0, LANE_DATA = 1, NUM_LANES = 2 };
+/* The communication lane exists only with several ranks. */
+enum { LANE_COMPUTE = 0, LANE_DATA = 1, LANE_COMM = 2 };
 
 /* Set from the signal handler; read by the compute thread at each step boundary. */
 static volatile sig_atomic_t g_signal;
@@ -35,7 +36,11 @@ static void on_signal(int sig) {
 typedef struct loop {
     const config_t *cfg;
     const plan_t *plan;
+    comm_t *world, *shard, *replica;
+    int rank;
+    time_t start_time;  /* rank 0's, so every rank's profile lands in one folder */
     train_state_t state;
+    zero_stats_t comm_after_step0; /* step 0 pays one-time costs: left out of the comm figures */
     data_source_t *data;
     trace_t *trace;
     int64_t profile_first, profile_last; /* -1 when not profiling */
@@ -67,10 +72,13 @@ static void *compute_main(void *arg) {
     int64_t last_end = now_ns();
     for (int64_t step = 0; step < l->cfg->steps; step++) {
         pthread_mutex_lock(&l->mu);
-        if (l->stop_requested || g_signal) {
-            pthread_mutex_unlock(&l->mu);
-            break;
-        }
+        int stop = l->stop_requested || g_signal;
+        pthread_mutex_unlock(&l->mu);
+        /* Ranks must leave together: one that stops alone would leave the others waiting
+         * in the next step's collectives. */
+        if (l->state.zero) stop = zero_any(l->state.zero, stop);
+        if (stop) break;
+        pthread_mutex_lock(&l->mu);
         l->started = step;
         log_event(l, "start", step);
         pthread_cond_broadcast(&l->cv);
@@ -85,6 +93,7 @@ static void *compute_main(void *arg) {
         step_result_t res;
         train_step(&l->state, tokens, &res);
         data_release(l->data, step);
+        if (step == 0 && l->state.zero) l->comm_after_step0 = zero_stats(l->state.zero);
         int64_t end = now_ns();
         if (l->trace) trace_end_step(l->trace, LANE_COMPUTE, l->span_train, span, step);
 
@@ -125,12 +134,17 @@ typedef struct profile_files {
 } profile_files_t;
 
 static int write_profile(loop_t *l, double peak_tflops, profile_files_t *pf, char *err, size_t errlen) {
-    char stamp[32], host[256];
-    time_t now = time(NULL);
+    char stamp[32], host[256], summary_name[64] = "op_summary.json";
     struct tm tm;
-    localtime_r(&now, &tm);
+    localtime_r(&l->start_time, &tm);
     strftime(stamp, sizeof stamp, "%Y_%m_%d_%H_%M_%S", &tm);
     hostname_for_files(host, sizeof host);
+    if (comm_size(l->world) > 1) {
+        /* Ranks may share a host: the rank goes into the name XProf lists the profile under. */
+        size_t len = strlen(host);
+        snprintf(host + len, sizeof host - len, "_rank%d", l->rank);
+        if (l->rank > 0) snprintf(summary_name, sizeof summary_name, "op_summary_rank%d.json", l->rank);
+    }
     snprintf(pf->dir, sizeof pf->dir, "%s/%s/tensorboard/plugins/profile/%s", l->cfg->base_output_directory,
              l->cfg->run_name, stamp);
     if (mkdir_p(pf->dir) != 0) {
@@ -139,7 +153,7 @@ static int write_profile(loop_t *l, double peak_tflops, profile_files_t *pf, cha
     }
     snprintf(pf->xplane, sizeof pf->xplane, "%s/%s.xplane.pb", pf->dir, host);
     snprintf(pf->trace, sizeof pf->trace, "%s/%s.trace.json.gz", pf->dir, host);
-    snprintf(pf->summary, sizeof pf->summary, "%s/op_summary.json", pf->dir);
+    snprintf(pf->summary, sizeof pf->summary, "%s/%s", pf->dir, summary_name);
     if (xplane_write(l->trace, pf->xplane, host, l->profile_first, l->profile_last, err, errlen) != 0) return 1;
     if (chrome_trace_write(l->trace, pf->trace, err, errlen) != 0) return 1;
     summary_t s;
@@ -168,7 +182,8 @@ static int open_data(loop_t *l, char *err, size_t errlen) {
     const config_t *cfg = l->cfg;
     data_options_t opt = {.dataset_type = cfg->dataset_type, .dataset_path = cfg->dataset_path,
                           .vocab_size = cfg->vocab_size, .seq_len = cfg->max_target_length,
-                          .global_batch = cfg->per_device_batch_size * l->plan->num_ranks, .row_offset = 0,
+                          .global_batch = cfg->per_device_batch_size * l->plan->num_ranks,
+                          .row_offset = cfg->per_device_batch_size * l->rank,
                           .local_batch = cfg->per_device_batch_size, .seed = (uint64_t)cfg->data_seed,
                           .depth = cfg->prefetch_depth, .delay_ms = cfg->data_delay_ms, .trace = l->trace,
                           .trace_lane = LANE_DATA};
@@ -178,6 +193,41 @@ static int open_data(loop_t *l, char *err, size_t errlen) {
 static size_t events_per_step(const plan_t *p) {
     int64_t chunks = (p->tokens_per_device + p->xent_chunk - 1) / p->xent_chunk;
     return (size_t)(64 * p->dims.L + 8 * chunks + 64);
+}
+
+/* Start-up line of a multi-rank run: who is there and what each rank keeps. */
+static void print_ranks(const loop_t *l) {
+    const plan_t *p = l->plan;
+    char lib[160];
+    const double mib = 1048576.0;
+    uint64_t full = 2 * (uint64_t)p->num_params * sizeof(float);
+    printf("ranks: %d (%s), global batch %lld = %d ranks x %lld per device\n", p->num_ranks,
+           comm_describe(l->world, lib, sizeof lib), (long long)p->dims.B * p->num_ranks, p->num_ranks,
+           (long long)p->dims.B);
+    printf("optimizer state: AdamW m and v sharded over %d rank%s (ici_fsdp_parallelism), %d cop%s "
+           "(dcn_data_parallelism): %.3f MiB per rank of %.3f MiB in all; gradients reduce-scattered in "
+           "%lld layer buckets while backward runs\n",
+           p->shard_ranks, p->shard_ranks == 1 ? "" : "s", p->replica_groups, p->replica_groups == 1 ? "y" : "ies",
+           (double)p->optimizer_bytes / mib, (double)full / mib, (long long)p->dims.L + 2);
+}
+
+/* Closing line of a multi-rank run: the traffic against theory, and how much of it the
+ * step waited for. */
+static void print_comm(const loop_t *l) {
+    if (!l->state.zero) return;
+    zero_stats_t z = zero_stats(l->state.zero), b = l->comm_after_step0;
+    z.steps -= b.steps;
+    z.bytes_sent -= b.bytes_sent;
+    z.busy_ns -= b.busy_ns;
+    z.wait_ns -= b.wait_ns;
+    if (z.steps < 1) return;
+    const plan_t *p = l->plan;
+    double N = (double)p->num_ranks, grad_bytes = (double)p->num_params * sizeof(float);
+    double per_step = (double)z.bytes_sent / (double)z.steps, theory = 2.0 * (N - 1.0) / N * grad_bytes;
+    printf("collectives: %.0f bytes sent per step per rank (ring model; 2(N-1)/N x %.0f gradient bytes = %.0f), "
+           "communication thread busy %.3f ms/step, step waited %.3f ms/step for it (steps 1..)\n",
+           per_step, grad_bytes, theory, (double)z.busy_ns / (double)z.steps * 1e-6,
+           (double)z.wait_ns / (double)z.steps * 1e-6);
 }
 
 static void print_files(const report_t *r, const profile_files_t *pf, const config_t *cfg) {
@@ -191,9 +241,21 @@ static void print_files(const report_t *r, const profile_files_t *pf, const conf
     }
 }
 
-int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) {
-    loop_t l = {.cfg = cfg, .plan = plan, .started = -1, .completed = -1, .profile_first = -1, .profile_last = -1};
+int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
+    loop_t l = {.cfg = cfg, .plan = plan, .world = world, .rank = comm_rank(world), .started = -1, .completed = -1,
+                .profile_first = -1, .profile_last = -1};
+    char err_buf[1024] = "";
+    char *err = err_buf;
+    size_t errlen = sizeof err_buf;
     int rc = LOOP_OK;
+    bool writer = l.rank == 0, multi = comm_size(world) > 1;
+    /* Shard groups are consecutive ranks (mpirun places those on one host); replicas are the
+     * ranks with the same place in each group. */
+    l.shard = comm_split(world, l.rank / plan->shard_ranks, l.rank);
+    l.replica = comm_split(world, l.rank % plan->shard_ranks, l.rank);
+    int64_t start = (int64_t)time(NULL);
+    comm_bcast_i64(world, &start, 1, 0);
+    l.start_time = (time_t)start;
     report_t *report = NULL;
     profile_files_t pf = {0};
     pthread_mutex_init(&l.mu, NULL);
@@ -203,34 +265,37 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
         l.events = calloc(1, l.events_cap);
     }
     l.records = calloc((size_t)cfg->steps, sizeof *l.records);
-    if (strcmp(cfg->profiler, "xplane") == 0) {
+    if (strcmp(cfg->profiler, "xplane") == 0 && (writer || cfg->upload_all_profiler_results)) {
         l.profile_first = cfg->skip_first_n_steps_for_profiler;
         l.profile_last = l.profile_first + cfg->profiler_steps - 1;
         if (l.profile_last > cfg->steps - 1) l.profile_last = cfg->steps - 1;
         size_t per_lane = events_per_step(plan) * (size_t)(l.profile_last - l.profile_first + 1);
-        l.trace = trace_create(NUM_LANES, per_lane);
+        l.trace = trace_create(multi ? 3 : 2, per_lane);
         if (!l.trace) {
             snprintf(err, errlen, "out of memory for the profiler's buffers; lower profiler_steps");
-            return LOOP_FAILED;
+            rc = LOOP_FAILED;
         }
         trace_set_lane(l.trace, LANE_COMPUTE, "compute (step thread)", LANE_COMPUTE + 1);
+        if (multi) trace_set_lane(l.trace, LANE_COMM, "collectives (communication thread)", LANE_COMM + 1);
         l.span_train = trace_intern(l.trace, "train", TRACE_CAT_STEP, NULL);
         l.span_data_wait = trace_intern(l.trace, "data wait", TRACE_CAT_DATA, "data");
     }
-    printf("stepscope: %s, %lld parameters, %.4f TFLOP per step per device, %d compute threads, memory plan %.3f GiB\n",
-           cfg->model_name, (long long)plan->num_params, plan->tflops_per_device, plan->num_threads,
-           (double)plan->total_bytes / 1073741824.0);
-    double peak = resolve_peak(cfg, plan->num_threads);
-    if (train_state_create(&l.state, cfg, plan, l.trace, err, errlen) != 0) {
-        rc = LOOP_FAILED;
-        goto done;
+    double peak = 0.0;
+    if (writer) {
+        printf("stepscope: %s, %lld parameters, %.4f TFLOP per step per device, %d compute threads, memory plan %.3f GiB%s\n",
+               cfg->model_name, (long long)plan->num_params, plan->tflops_per_device, plan->num_threads,
+               (double)plan->total_bytes / 1073741824.0, multi ? " per rank" : "");
+        if (multi) print_ranks(&l);
+        peak = resolve_peak(cfg, plan->num_threads);
     }
-    if (open_data(&l, err, errlen) != 0) {
+    train_parallel_t par = {.world = world, .shard = l.shard, .replica = l.replica, .comm_lane = LANE_COMM,
+                            .compute_lane = LANE_COMPUTE};
+    if (rc != LOOP_OK || train_state_create(&l.state, cfg, plan, l.trace, &par, err, errlen) != 0 || open_data(&l, err, errlen) != 0 ||
+        (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0))
         rc = LOOP_FAILED;
-        goto done;
-    }
-    if (report_open(&report, cfg, plan, peak, err, errlen) != 0) {
-        rc = LOOP_FAILED;
+    /* Every rank is ready, or none starts. */
+    if ((rc = comm_agree(world, rc, err)) != LOOP_OK) {
+        err[0] = '\0';
         goto done;
     }
     struct sigaction sa = {.sa_handler = on_signal};
@@ -241,6 +306,10 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
     pthread_t compute;
     if (pthread_create(&compute, NULL, compute_main, &l) != 0) {
         snprintf(err, errlen, "cannot start the compute thread");
+        if (multi) { /* the other ranks are already in the first step's collectives */
+            fprintf(stderr, "stepscope: rank %d: %s\n", l.rank, err);
+            comm_abort(world, LOOP_FAILED);
+        }
         rc = LOOP_FAILED;
         goto done;
     }
@@ -261,7 +330,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
             step_record_t rec = l.records[next];
             log_event(&l, "read", next);
             pthread_mutex_unlock(&l.mu);
-            if (rc == LOOP_OK && report_step(report, &rec, err, errlen) != 0) rc = LOOP_FAILED;
+            if (rc == LOOP_OK && report && report_step(report, &rec, err, errlen) != 0) rc = LOOP_FAILED;
             if (rc == LOOP_OK && ((isnan(rec.loss) && cfg->abort_on_nan_loss) || (isinf(rec.loss) && cfg->abort_on_inf_loss))) {
                 snprintf(err, errlen, "loss is %s at step %lld; the run diverged: lower learning_rate or set "
                          "gradient_clipping_threshold (abort_on_nan_loss/abort_on_inf_loss=false to continue)",
@@ -287,8 +356,9 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
                  g_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)l.completed);
         rc = 128 + g_signal;
     }
-    report_summary(report, stdout);
-    if (l.trace && pf.written) {
+    if (report) report_summary(report, stdout);
+    if (writer) print_comm(&l);
+    if (writer && l.trace && pf.written) {
         summary_t s;
         if (summary_compute(l.trace, l.profile_first, l.profile_last, peak * 1000.0, &s) == 0) {
             printf("op summary, profiled steps %lld..%lld:\n", (long long)l.profile_first, (long long)l.profile_last);
@@ -305,6 +375,8 @@ done:
             rc = LOOP_FAILED;
         }
     }
+    /* One message for the job, from rank 0 when it has one. */
+    rc = comm_agree(world, rc, err);
     if (l.events) {
         FILE *f = fopen(getenv("STEPSCOPE_EVENT_LOG"), "w");
         if (f) {
@@ -317,6 +389,8 @@ done:
     train_state_destroy(&l.state);
     trace_destroy(l.trace);
     free(l.records);
+    comm_free(l.shard);
+    comm_free(l.replica);
     pthread_mutex_destroy(&l.mu);
     pthread_cond_destroy(&l.cv);
     return rc;

@@ -7,6 +7,7 @@
 #define STEPSCOPE_LOOP_H
 
 #include "config/config.h"
+#include "dist/comm.h"
 #include "plan/plan.h"
 
 /* Exit codes a run can end with. */
@@ -16,7 +17,11 @@ enum {
     LOOP_INTERRUPTED = 130, /* SIGINT; SIGTERM gives 143 */
 };
 
-/* Run cfg->steps steps. Returns an exit code; a one-line reason is in err when non-zero. */
-int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen);
+/* Run cfg->steps steps on this rank of `world` (one rank without mpirun). Only rank 0 writes
+ * the console, metrics and TensorBoard; the profile is rank 0's, or every rank's with
+ * upload_all_profiler_results. Ranks stop at the same step: a rank that must stop (NaN
+ * loss, a failed write, a signal) says so in a vote after each step. Returns the exit code
+ * the ranks agree on; the one-line reason is already printed on stderr. */
+int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world);
 
 #endif

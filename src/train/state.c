@@ -11,13 +11,12 @@ static float *alloc_floats(uint64_t bytes, const char *what, char *err, size_t e
 }
 
 int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan, trace_t *trace,
-                       char *err, size_t errlen) {
+                       const train_parallel_t *par, char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
     s->plan = *plan;
     s->trace = trace;
     const qwen3_dims_t *d = &plan->dims;
     int64_t n = plan->num_params;
-    uint64_t nb = (uint64_t)n * sizeof(float);
     if (!(s->params = alloc_floats(plan->params_bytes, "parameters", err, errlen)) ||
         !(s->grads = alloc_floats(plan->grads_bytes, "gradients", err, errlen)) ||
         !(s->adam_m = alloc_floats(plan->optimizer_bytes, "optimizer state", err, errlen)) ||
@@ -27,9 +26,14 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         train_state_destroy(s);
         return 1;
     }
-    /* The optimizer allocation holds m, then v, then the norm partials. */
-    s->adam_v = s->adam_m + n;
-    s->norm_partials = (double *)((char *)s->adam_m + 2 * nb);
+    /* The optimizer allocation holds m, then v (of this rank's shard), then the norm partials. */
+    int64_t shard_index = par ? comm_rank(par->shard) : 0;
+    zero_shard_range(n, plan->shard_ranks, shard_index, &s->shard_lo, &s->shard_n);
+    int64_t cap = plan->shard_params;
+    s->adam_v = s->adam_m + cap;
+    s->norm_partials = (double *)((char *)s->adam_m + 2 * (uint64_t)cap * sizeof(float));
+    /* The reduced shard sits after the full local gradients; with one shard they are one. */
+    s->grad_shard = plan->shard_ranks > 1 ? s->grads + n : s->grads + s->shard_lo;
     if (!(s->gemm = gemm_create(err, errlen))) {
         train_state_destroy(s);
         return 1;
@@ -46,6 +50,17 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     qwen3_options_t opt = {.num_threads = plan->num_threads, .remat = plan->remat,
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
                            .bf16 = plan->bf16, .trace = trace};
+    if (par && comm_size(par->world) > 1) {
+        zero_options_t zo = {.world = par->world, .shard = par->shard, .replica = par->replica, .num_params = n,
+                             .params = s->params, .grads = s->grads, .grad_shard = s->grad_shard, .trace = trace,
+                             .comm_lane = par->comm_lane, .compute_lane = par->compute_lane};
+        if (!(s->zero = zero_create(&zo, err, errlen))) {
+            train_state_destroy(s);
+            return 1;
+        }
+        opt.grads_ready = zero_grads_ready;
+        opt.grads_ready_arg = s->zero;
+    }
     if (!(s->model = qwen3_create(d, &opt, s->params, s->params_bf16, s->grads, s->acts, s->scratch, s->gemm,
                                   err, errlen))) {
         train_state_destroy(s);
@@ -64,6 +79,7 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
 }
 
 void train_state_destroy(train_state_t *s) {
+    zero_destroy(s->zero);
     qwen3_destroy(s->model);
     gemm_destroy(s->gemm);
     arena_free(s->params, s->plan.params_bytes);
@@ -76,17 +92,38 @@ void train_state_destroy(train_state_t *s) {
 }
 
 void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
-    int64_t n = s->plan.num_params;
-    out->loss = qwen3_forward_backward(s->model, tokens);
+    int64_t n = s->shard_n;
+    double loss = qwen3_forward_backward(s->model, tokens);
+    if (s->zero) zero_finish_grads(s->zero);
     int64_t opt_span = trace_begin(s->trace);
     int64_t t0 = trace_begin(s->trace);
-    out->raw_grad_norm = sqrt(adamw_sum_squares(s->grads, n, s->norm_partials));
+    double sums[2] = {adamw_sum_squares(s->grad_shard, n, s->norm_partials), loss};
     trace_end(s->trace, 0, s->span_grad_norm, t0, 2.0 * (double)n);
+    /* Ranks' gradients were summed: the global batch's mean gradient is 1/ranks of it. */
+    double inv_ranks = 1.0 / (double)s->plan.num_ranks;
+    if (s->zero) {
+        /* Squares of every shard, counted once per replica group; the loss of every rank. */
+        zero_allreduce(s->zero, ZERO_WORLD, sums, 2);
+        sums[0] /= (double)s->plan.replica_groups;
+        loss = sums[1] * inv_ranks;
+    }
+    out->loss = loss;
+    out->raw_grad_norm = sqrt(sums[0]) * inv_ranks;
     float scale = adamw_clip_scale(out->raw_grad_norm, s->clip);
     out->grad_norm = out->raw_grad_norm * scale;
     s->updates_done++;
     t0 = trace_begin(s->trace);
-    adamw_update(s->params, s->adam_m, s->adam_v, s->grads, n, s->updates_done, scale, &s->adam, s->params_bf16);
+    adamw_update(s->params + s->shard_lo, s->adam_m, s->adam_v, s->grad_shard, n, s->updates_done,
+                 (float)(scale * inv_ranks), &s->adam, s->params_bf16 ? s->params_bf16 + s->shard_lo : NULL);
     trace_end(s->trace, 0, s->span_adamw, t0, 0);
+    if (s->zero) {
+        zero_gather_params(s->zero);
+        /* The update wrote the bf16 copy of this rank's shard only; the rest came in fp32. */
+        if (s->params_bf16) {
+            int64_t total = s->plan.num_params, hi = s->shard_lo + n;
+            bf16_from_f32_array(s->params_bf16, s->params, s->shard_lo);
+            bf16_from_f32_array(s->params_bf16 + hi, s->params + hi, total - hi);
+        }
+    }
     trace_end(s->trace, 0, s->span_optimizer, opt_span, 0);
 }

@@ -7,16 +7,29 @@
 #include <stdint.h>
 
 #include "config/config.h"
+#include "dist/comm.h"
+#include "dist/zero.h"
 #include "kernels/adamw.h"
 #include "kernels/gemm.h"
 #include "model/qwen3.h"
 #include "plan/plan.h"
 #include "profile/trace.h"
 
+/* The groups of a multi-rank run (see dist/zero.h); NULL to train_state_create = one process. */
+typedef struct train_parallel {
+    comm_t *world, *shard, *replica;
+    uint32_t comm_lane, compute_lane; /* trace lanes of the communication and step threads */
+} train_parallel_t;
+
 typedef struct train_state {
     plan_t plan;
     float *params, *grads, *adam_m, *adam_v;
     bf16_t *params_bf16; /* dtype=bfloat16: bf16(params) for the matmuls; NULL otherwise */
+    /* This rank's optimizer shard: parameters [shard_lo, shard_lo + shard_n), their reduced
+     * gradients in grad_shard (== grads + shard_lo with one rank), moments in adam_m/adam_v. */
+    int64_t shard_lo, shard_n;
+    float *grad_shard;
+    zero_t *zero;                  /* NULL with one rank */
     double *norm_partials;
     float *acts, *scratch;
     gemm_ctx_t *gemm;
@@ -35,13 +48,16 @@ typedef struct step_result {
 } step_result_t;
 
 /* Allocate from the plan, then load parameters (load_parameters_path) or initialise them
- * from init_weights_seed. Non-zero with one line in err on failure (nothing left allocated). */
+ * from init_weights_seed (every rank the same). par: the rank groups, NULL for one process.
+ * Non-zero with one line in err on failure (nothing left allocated). */
 int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan, trace_t *trace,
-                       char *err, size_t errlen);
+                       const train_parallel_t *par, char *err, size_t errlen);
 void train_state_destroy(train_state_t *s);
 
 /* One training step on tokens [B, S+1]: forward, loss, backward, global-norm clipping and
- * AdamW. Runs on the calling thread's OpenMP team. */
+ * AdamW. Runs on the calling thread's OpenMP team. With several ranks: gradients reduced
+ * over the ranks while backward runs, the loss and the norm are those of the global batch,
+ * AdamW updates this rank's shard, and the parameters are all-gathered. */
 void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out);
 
 #endif
