@@ -1,5 +1,6 @@
 /* stepscope: argv → config → plan → run, and the exit codes. */
 #include <omp.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,9 +12,20 @@
 
 #define STEPSCOPE_VERSION "0.1.0"
 
+/* The one line every failure ends with. Paths and names in err come from the user: a newline
+ * in one must not split the line. */
+static int fail_with(int rc, char *err) {
+    for (char *p = err; *p; p++)
+        if (*p == '\n' || *p == '\r') *p = ' ';
+    fprintf(stderr, "stepscope: %s\n", err);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     /* Users pipe the step lines through tee or a CI log: one line per step, as it happens. */
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* A file-size limit (ulimit -f) must fail the write with EFBIG and a message, not kill us. */
+    signal(SIGXFSZ, SIG_IGN);
     bool dry_run = false;
     const char *config_path = NULL;
     char **overrides = calloc((size_t)argc + 1, sizeof *overrides);
@@ -31,9 +43,10 @@ int main(int argc, char **argv) {
         }
         if (strcmp(argv[i], "--dry-run") == 0) dry_run = true;
         else if (strncmp(argv[i], "--", 2) == 0) {
-            fprintf(stderr, "stepscope: unknown option %s; see stepscope --help\n", argv[i]);
+            char err[1024];
+            snprintf(err, sizeof err, "unknown option %s; see stepscope --help", argv[i]);
             free(overrides);
-            return CONFIG_EXIT_CODE;
+            return fail_with(CONFIG_EXIT_CODE, err);
         } else if (!config_path && !strchr(argv[i], '=')) config_path = argv[i];
         else overrides[num_overrides++] = argv[i];
     }
@@ -46,29 +59,19 @@ int main(int argc, char **argv) {
     char err[1024];
     int rc = config_load(&cfg, config_path, num_overrides, overrides, err, sizeof err);
     free(overrides);
-    if (rc != 0) {
-        fprintf(stderr, "stepscope: %s\n", err);
-        return rc;
-    }
+    if (rc != 0) return fail_with(rc, err);
     int threads = cfg.num_threads > 0 ? (int)cfg.num_threads : omp_get_num_procs();
     plan_t plan;
-    if ((rc = plan_build(&plan, &cfg, threads, 1, err, sizeof err)) != 0) {
-        fprintf(stderr, "stepscope: %s\n", err);
-        return rc;
-    }
+    if ((rc = plan_build(&plan, &cfg, threads, 1, err, sizeof err)) != 0) return fail_with(rc, err);
     if (dry_run) {
         config_print(&cfg, stdout);
         plan_print(&plan, stdout);
         printf("memory_available_bytes: %llu\n", (unsigned long long)plan_memory_available(&cfg));
     }
-    if ((rc = plan_check_memory(&plan, &cfg, err, sizeof err)) != 0) {
-        fprintf(stderr, "stepscope: %s\n", err);
-        return rc;
-    }
+    if ((rc = plan_check_memory(&plan, &cfg, err, sizeof err)) != 0) return fail_with(rc, err);
     if (dry_run) return 0;
     /* Set-up (arena touch, parameter init) runs on this thread's team: same size as the step's. */
     omp_set_num_threads(threads);
     rc = loop_run(&cfg, &plan, err, sizeof err);
-    if (rc != 0) fprintf(stderr, "stepscope: %s\n", err);
-    return rc;
+    return rc != 0 ? fail_with(rc, err) : 0;
 }

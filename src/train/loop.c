@@ -26,10 +26,29 @@ enum { LANE_COMPUTE = 0, LANE_DATA = 1, NUM_LANES = 2 };
 
 /* Set from the signal handler; read by the compute thread at each step boundary. */
 static volatile sig_atomic_t g_signal;
+/* The open report, for a second signal: the handler cannot reach loop_run's stack. */
+static const report_t *volatile g_report;
 
 static void on_signal(int sig) {
-    if (g_signal) _exit(128 + sig); /* a second signal: leave at once */
-    g_signal = sig;
+    if (!g_signal) {
+        g_signal = sig;
+        return;
+    }
+    /* A second signal: leave at once, with what is on disk whole (async-signal-safe calls only). */
+    atomic_file_abandon();
+    report_salvage_on_signal(g_report);
+    static const char msg[] = "stepscope: second signal: stopped at once; the metrics of the completed steps are kept\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    _exit(128 + sig);
+}
+
+/* Set-up can take a while on a big model: a first signal during it ends the run before step 0. */
+static int interrupted_in_setup(char *err, size_t errlen) {
+    if (!g_signal) return 0;
+    snprintf(err, errlen, "interrupted by %s before the first step; nothing was written",
+             g_signal == SIGINT ? "SIGINT" : "SIGTERM");
+    return 128 + g_signal;
 }
 
 typedef struct loop {
@@ -202,6 +221,15 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
         l.events = calloc(1, l.events_cap);
     }
     l.records = calloc((size_t)cfg->steps, sizeof *l.records);
+    if (!l.records) {
+        snprintf(err, errlen, "out of memory for %lld steps of records; lower steps", (long long)cfg->steps);
+        free(l.events);
+        return LOOP_FAILED;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     if (strcmp(cfg->profiler, "xplane") == 0) {
         l.profile_first = cfg->skip_first_n_steps_for_profiler;
         l.profile_last = l.profile_first + cfg->profiler_steps - 1;
@@ -210,7 +238,8 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
         l.trace = trace_create(NUM_LANES, per_lane);
         if (!l.trace) {
             snprintf(err, errlen, "out of memory for the profiler's buffers; lower profiler_steps");
-            return LOOP_FAILED;
+            rc = LOOP_FAILED;
+            goto done;
         }
         trace_set_lane(l.trace, LANE_COMPUTE, "compute (step thread)", LANE_COMPUTE + 1);
         l.span_train = trace_intern(l.trace, "train", TRACE_CAT_STEP, NULL);
@@ -224,6 +253,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
         rc = LOOP_FAILED;
         goto done;
     }
+    if ((rc = interrupted_in_setup(err, errlen)) != 0) goto done;
     if (open_data(&l, err, errlen) != 0) {
         rc = LOOP_FAILED;
         goto done;
@@ -232,10 +262,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
         rc = LOOP_FAILED;
         goto done;
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    g_report = report;
 
     pthread_t compute;
     if (pthread_create(&compute, NULL, compute_main, &l) != 0) {
@@ -244,12 +271,13 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
         goto done;
     }
     int64_t next = 0;
+    char profile_err[512] = "";
+    int profile_failed = 0;
     pthread_mutex_lock(&l.mu);
     for (;;) {
         if (l.profile_pending) {
             pthread_mutex_unlock(&l.mu);
-            char perr[512];
-            if (write_profile(&l, peak, &pf, perr, sizeof perr) != 0) fprintf(stderr, "stepscope: profile not written: %s\n", perr);
+            if (write_profile(&l, peak, &pf, profile_err, sizeof profile_err) != 0) profile_failed = 1;
             pthread_mutex_lock(&l.mu);
             l.profile_pending = 0;
             pthread_cond_broadcast(&l.cv);
@@ -281,10 +309,20 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
     }
     pthread_mutex_unlock(&l.mu);
     pthread_join(compute, NULL);
+    /* Stopped inside the profiling window (a signal, a diverging run): keep the steps recorded. */
+    if (l.trace && !pf.written && !profile_failed && l.completed >= l.profile_first && l.completed < l.profile_last) {
+        trace_set_recording(l.trace, false);
+        l.profile_last = l.completed;
+        if (write_profile(&l, peak, &pf, profile_err, sizeof profile_err) != 0) profile_failed = 1;
+    }
     if (rc == LOOP_OK && g_signal) {
         snprintf(err, errlen, "interrupted by %s after step %lld; metrics and profile so far are written",
                  g_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)l.completed);
         rc = 128 + g_signal;
+    }
+    if (rc == LOOP_OK && profile_failed) {
+        snprintf(err, errlen, "the profile could not be written: %s; the metrics are complete", profile_err);
+        rc = LOOP_FAILED;
     }
     report_summary(report, stdout);
     if (l.trace && pf.written) {
@@ -296,9 +334,13 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
         }
     }
 done:
-    if (report) {
+    g_report = NULL;
+    if (report && l.completed < 0) {
+        report_discard(report); /* no step measured: leave no files */
+        if (g_signal) rc = interrupted_in_setup(err, errlen);
+    } else if (report) {
         char cerr[512];
-        if (l.completed >= 0) print_files(report, &pf, cfg);
+        print_files(report, &pf, cfg);
         if (report_close(report, cerr, sizeof cerr) != 0 && rc == LOOP_OK) {
             snprintf(err, errlen, "%s", cerr);
             rc = LOOP_FAILED;
