@@ -24,8 +24,10 @@ static int fail_with(int rc, char *err) {
 int main(int argc, char **argv) {
     /* Users pipe the step lines through tee or a CI log: one line per step, as it happens. */
     setvbuf(stdout, NULL, _IOLBF, 0);
-    /* A file-size limit (ulimit -f) must fail the write with EFBIG and a message, not kill us. */
+    /* A file-size limit (ulimit -f) must fail the write with EFBIG and a message, and a closed
+     * stdout (stepscope ... | head) must not end the run: signals would kill us mid-write. */
     signal(SIGXFSZ, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
     bool dry_run = false;
     const char *config_path = NULL;
     char **overrides = calloc((size_t)argc + 1, sizeof *overrides);

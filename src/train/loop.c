@@ -316,8 +316,10 @@ int loop_run(const config_t *cfg, const plan_t *plan, char *err, size_t errlen) 
         if (write_profile(&l, peak, &pf, profile_err, sizeof profile_err) != 0) profile_failed = 1;
     }
     if (rc == LOOP_OK && g_signal) {
-        snprintf(err, errlen, "interrupted by %s after step %lld; metrics and profile so far are written",
-                 g_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)l.completed);
+        snprintf(err, errlen, "interrupted by %s after step %lld; metrics %s so far are written%s%s",
+                 g_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)l.completed,
+                 profile_failed ? "" : "and profile", profile_failed ? "; the profile could not be: " : "",
+                 profile_failed ? profile_err : "");
         rc = 128 + g_signal;
     }
     if (rc == LOOP_OK && profile_failed) {

@@ -35,10 +35,16 @@ RUN = "r"
 
 # ---- helpers ----------------------------------------------------------------------------------
 
-def run(cwd, args, out=None, preexec_fn=None, timeout=120):
+SAN_BIN = ROOT / "build-san" / "stepscope"
+
+
+def run(cwd, args, out=None, preexec_fn=None, timeout=120, binary=BIN):
     """The binary with cwd=cwd; base_output_directory=out (default cwd/out)."""
-    cmd = [str(BIN), *args, f"base_output_directory={out or cwd / 'out'}"]
+    cmd = [str(binary), *args, f"base_output_directory={out or cwd / 'out'}"]
     env = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_EVENT_LOG"}
+    # under ASan, leaks too: a refused run frees what it took (checked clean, no suppressions);
+    # an impossible allocation returns NULL, as glibc's does, for the code to refuse
+    env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=1:allocator_may_return_null=1"
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                           preexec_fn=preexec_fn)
 
@@ -143,17 +149,22 @@ def _args(*a):
     return lambda d: [str(CONFIG), *FAST, *a]
 
 
+def _rewrite(p, edit, extra=b""):
+    """Re-pack the safetensors file p after edit(header, data_len); extra bytes go at the end."""
+    raw = p.read_bytes()
+    (n,) = struct.unpack_from("<Q", raw)
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    edit(header, len(data))
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    p.write_bytes(struct.pack("<Q", len(h)) + h + data + extra)
+
+
 def _edit_header(edit):
     """A valid tiny checkpoint whose JSON header is changed by edit(dict), lengths redone."""
     def make(p):
         write_tiny_safetensors(p)
-        raw = p.read_bytes()
-        (n,) = struct.unpack_from("<Q", raw)
-        header = json.loads(raw[8:8 + n])
-        edit(header)
-        h = json.dumps(header).encode()
-        h += b" " * (-len(h) % 8)
-        p.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+        _rewrite(p, lambda h, _: edit(h))
     return make
 
 
@@ -179,6 +190,14 @@ def _rename(old, new):
 
 def _drop(name):
     return lambda h: h.pop(name)
+
+
+def _extra_tensor(p):
+    """A valid tiny checkpoint plus one tensor the model does not have."""
+    def add(h, end):
+        h["extra.weight"] = {"dtype": "F32", "shape": [4], "data_offsets": [end, end + 16]}
+    write_tiny_safetensors(p)
+    _rewrite(p, add, bytes(16))
 
 
 def _header_len(p):
@@ -264,8 +283,9 @@ BAD_INPUTS = [
      ["model.norm.weight", "data_offsets span"]),
     ("safetensors missing tensor", _st(_edit_header(_rename("model.norm.weight", "model.nrom.weight"))), 1,
      ["model.norm.weight", "missing"]),
-    ("safetensors extra tensor", _st(_edit_header(_rename("model.norm.weight", "lm_head.weight"))), 1,
+    ("safetensors misnamed tensor", _st(_edit_header(_rename("model.norm.weight", "lm_head.weight"))), 1,
      ["model.norm.weight"]),
+    ("safetensors extra tensor", _st(_extra_tensor), 1, ["unexpected tensor extra.weight"]),
     ("safetensors dropped tensor", _st(_edit_header(_drop("model.layers.0.mlp.up_proj.weight"))), 1,
      ["belong to no tensor"]),
     ("safetensors not JSON", _st(lambda p: p.write_bytes(struct.pack("<Q", 8) + b"{'a': 1}")), 1, ["not valid JSON"]),
@@ -291,13 +311,19 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.parametrize("build", ["build", "build-san"])
 @pytest.mark.parametrize("setup,code,needles", [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS])
-def test_bad_input_refused(tmp_path, setup, code, needles):
+def test_bad_input_refused(tmp_path, setup, code, needles, build):
+    """Each bad input on the optimised build and on the ASan+UBSan build (where a sanitizer
+    report would add lines to stderr and fail the one-line check)."""
+    binary = BIN if build == "build" else SAN_BIN
+    if not binary.exists():
+        pytest.skip(f"{binary} not built (make SAN=1)")
     inputs = tmp_path / "in"
     inputs.mkdir()
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    r = run(cwd, setup(inputs))
+    r = run(cwd, setup(inputs), binary=binary)
     assert 1 <= r.returncode <= 123, (r.returncode, r.stderr)     # never a signal, never >123
     assert r.returncode == code, (r.returncode, r.stderr)
     line = one_line(r.stderr)
@@ -309,7 +335,7 @@ def test_bad_input_refused(tmp_path, setup, code, needles):
 
 def test_bad_input_count():
     # the README's reliability table quotes this number
-    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 70
+    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 71
 
 
 # ---- 2. faults: a full disk, a read-only folder, truncated inputs -----------------------------
@@ -479,6 +505,18 @@ def test_signal_before_the_first_step_leaves_nothing(tmp_path):
         pytest.skip("the signal arrived after step 0 began")
     assert "before the first step" in line and "nothing was written" in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_closed_stdout_does_not_end_the_run(tmp_path):
+    # `stepscope ... | head -3`: the console is gone, the run and its files are not
+    p = start(tmp_path, *FAST, "steps=20")
+    read_until(p, "completed step: 0,")
+    p.stdout.close()
+    err = p.stderr.read()
+    p.wait(timeout=60)
+    assert p.returncode == 0, err
+    assert err == ""
+    assert metrics_whole(tmp_path / "out" / RUN / "metrics.jsonl") == list(range(20))
 
 
 # ---- 4. valgrind ------------------------------------------------------------------------------
