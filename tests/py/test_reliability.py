@@ -392,6 +392,19 @@ def test_read_only_output_folder(tmp_path):
         assert "completed step" not in r.stdout     # refused before step 0
 
 
+def test_failure_after_opening_the_metrics_leaves_nothing(tmp_path):
+    # the TensorBoard folder cannot be made (a file has its name) after metrics.jsonl.partial
+    # and the run folder were: both go again, the user's file stays
+    block = tmp_path / "out" / RUN / "tensorboard"
+    block.parent.mkdir(parents=True)
+    block.write_text("mine")
+    r = run(tmp_path, [str(CONFIG), *FAST, f"run_name={RUN}", "steps=2", "metrics_file=" + str(tmp_path / "m" / "x.jsonl")])
+    assert r.returncode == 1, r.stderr
+    assert "tensorboard" in one_line(r.stderr) and "Not a directory" in r.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["out", RUN, "tensorboard"]
+    assert block.read_text() == "mine"
+
+
 def test_every_truncation_of_a_checkpoint_is_refused(tmp_path):
     good = write_tiny_safetensors(tmp_path / "good.safetensors")
     raw = good.read_bytes()
