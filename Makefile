@@ -15,17 +15,26 @@ MPI_CFLAGS :=
 MPI_LIBS   :=
 COMM_DROP  := src/dist/comm_mpi.c
 endif
+# VG=1: a build for valgrind in build-vg/. Valgrind does not decode AVX-512, so it targets
+# AVX2 (x86-64-v3); the kernels have AVX2 paths, and oneDNN picks its own at run time.
+VG      ?= 0
+MARCH   := -march=native
 ifeq ($(SAN),1)
 BUILD   := build-san
 SANFLAGS := -fsanitize=address,undefined
 OPT     := -O1 -g -fno-omit-frame-pointer $(SANFLAGS) -fno-sanitize-recover=undefined
+else ifeq ($(VG),1)
+BUILD   := build-vg
+SANFLAGS :=
+OPT     := -O1 -g
+MARCH   := -march=x86-64-v3
 else
 BUILD   := build
 SANFLAGS :=
 OPT     := -O3 -g
 endif
 # -Wno-format-truncation: paths and messages are bounded on purpose; a cut message is not a bug.
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -march=native -fopenmp -Wall -Wextra -Werror -Wno-format-truncation -Isrc -MMD -MP
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) $(MARCH) -fopenmp -Wall -Wextra -Werror -Wno-format-truncation -Isrc -MMD -MP
 LDLIBS  := -ldnnl -lyaml -lcjson -lz -lm -lpthread $(MPI_LIBS)
 LDFLAGS := -fopenmp $(SANFLAGS)
 
@@ -41,7 +50,7 @@ ifeq ($(MPI),1)
 TEST_BIN += $(BUILD)/tests/test_dist_nompi
 endif
 
-.PHONY: all test check clean bench
+.PHONY: all test check clean bench fuzz
 all: $(BUILD)/stepscope $(TEST_BIN) $(BENCH_BIN)
 bench: $(BENCH_BIN)
 
@@ -68,19 +77,51 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libstepscope.a
 
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libstepscope.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 $(BUILD)/tests/test_dist_nompi: $(BUILD)/tests/test_dist.o $(BUILD)/src/dist/comm_none.o $(BUILD)/libstepscope.a
 	$(CC) $(LDFLAGS) -o $@ $^ -lcmocka $(LDLIBS)
 
 test: all
 	BUILDS=$(BUILD) tests/run.sh
 
-# What CI runs: the suite on the optimised build, then the C tests again under ASan+UBSan.
+# What CI runs: the suite on the optimised build, then the C tests again under ASan+UBSan;
+# the valgrind build is what the end-to-end leak test runs.
 check:
 	$(MAKE) -j2 all
 	$(MAKE) -j2 SAN=1 all
+	$(MAKE) -j2 VG=1 build-vg/stepscope
 	BUILDS="build build-san" tests/run.sh
 
-clean:
-	rm -rf build build-san
+# libFuzzer targets (clang; fuzz/run.sh runs them). Each links only the modules it reads
+# with, compiled again by clang with the fuzzer's coverage and ASan+UBSan: no OpenMP, no oneDNN.
+FUZZ_BUILD  := build-fuzz
+FUZZ_CC     := clang
+FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link $(FUZZ_SAN) \
+               -Wall -Wextra -Werror -Wno-unknown-pragmas -Isrc -Ifuzz -MMD -MP
+FUZZ_TARGETS := config_yaml config_override safetensors tokens
+FUZZ_SRC_config_yaml     := src/config/config.c
+FUZZ_SRC_config_override := src/config/config.c
+FUZZ_SRC_safetensors     := src/io/safetensors.c src/util/atomic_file.c src/model/qwen3_params.c
+FUZZ_SRC_tokens          := src/data/tokens.c src/data/data.c src/data/synthetic.c
+FUZZ_LIBS_config_yaml     := -lyaml
+FUZZ_LIBS_config_override := -lyaml
+FUZZ_LIBS_safetensors     := -lcjson
+FUZZ_LIBS_tokens          :=
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+fuzz: $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
+
+$(FUZZ_BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+define FUZZ_LINK
+$(FUZZ_BUILD)/fuzz_$(1): $(FUZZ_BUILD)/obj/fuzz/$(1).o $(FUZZ_SRC_$(1):%.c=$(FUZZ_BUILD)/obj/%.o)
+	$(FUZZ_CC) -fsanitize=fuzzer $(FUZZ_SAN) -o $$@ $$^ $(FUZZ_LIBS_$(1))
+endef
+$(foreach t,$(FUZZ_TARGETS),$(eval $(call FUZZ_LINK,$(t))))
+
+clean:
+	rm -rf build build-san build-vg $(FUZZ_BUILD)
+
+-include $(shell find $(BUILD) $(FUZZ_BUILD) -name '*.d' 2>/dev/null)

@@ -2,6 +2,7 @@
  * this same sequence; each step that can fail on one rank (a file missing on one host)
  * ends in an agreement, so all ranks leave together with the one message. */
 #include <omp.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,10 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     comm_t *world = comm_init(&argc, &argv);
     int ranks = comm_size(world);
+    /* A file-size limit (ulimit -f) must fail the write with EFBIG and a message, and a closed
+     * stdout (stepscope ... | head) must not end the run: signals would kill us mid-write. */
+    signal(SIGXFSZ, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
     bool dry_run = false;
     const char *config_path = NULL;
     char **overrides = calloc((size_t)argc + 1, sizeof *overrides);

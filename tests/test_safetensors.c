@@ -344,6 +344,8 @@ static const bad_case_t BAD[] = {
      "tensor 'a' appears twice"},
     {"metadata not an object", "{'__metadata__':5}", 0, 0, "\"__metadata__\" must be an object of strings"},
     {"metadata value not a string", "{'__metadata__':{'k':1}}", 0, 0, "value for key 'k' is not a string"},
+    /* found by fuzz/safetensors: a name with a newline made the message two lines */
+    {"newline in a name", "{'a\\nb':{'dtype':'F32','shape':[2]}}", 0, 8, "tensor 'a?b': entry is missing"},
 };
 
 static void test_malformed_files(void **state) {

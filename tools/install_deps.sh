@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq gcc make pkg-config libopenmpi-dev openmpi-bin libdnnl-dev libyaml-dev libcjson-dev libcmocka-dev zlib1g-dev \
-    protobuf-compiler python3 python3-venv python3-pip >/dev/null
+# clang + libclang-rt-dev: the libFuzzer targets (make fuzz); valgrind: the end-to-end leak test.
+apt-get install -y -qq gcc make pkg-config libopenmpi-dev openmpi-bin libdnnl-dev libyaml-dev libcjson-dev libcmocka-dev \
+    zlib1g-dev protobuf-compiler python3 python3-venv python3-pip clang libclang-rt-dev valgrind >/dev/null
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

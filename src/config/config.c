@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <yaml.h>
 
@@ -320,6 +321,11 @@ static int set_value(loader_t *L, int k, const char *text, origin_t o) {
 static int apply_yaml(loader_t *L, const char *path, const char *model) {
     FILE *f = fopen(path, "rb");
     if (!f) return fail(L, "cannot open config file %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(f);
+        return fail(L, "config file %s is a folder; give a YAML file such as configs/base.yml", path);
+    }
     yaml_parser_t parser;
     if (!yaml_parser_initialize(&parser)) {
         fclose(f);

@@ -73,8 +73,13 @@ int comm_agree(comm_t *c, int status, const char *msg) {
     int v[2] = {status, c->rank == 0 && status != 0};
     comm_allreduce_max_i32(c, v, 2);
     if (status != 0 && (c->rank == 0 || !v[1]) && msg && msg[0]) {
-        if (c->size > 1) fprintf(stderr, "stepscope: rank %d: %s\n", c->rank, msg);
-        else fprintf(stderr, "stepscope: %s\n", msg);
+        /* Paths and names in msg come from the user: a newline in one must not split the line. */
+        char line[1024];
+        snprintf(line, sizeof line, "%s", msg);
+        for (char *p = line; *p; p++)
+            if (*p == '\n' || *p == '\r') *p = ' ';
+        if (c->size > 1) fprintf(stderr, "stepscope: rank %d: %s\n", c->rank, line);
+        else fprintf(stderr, "stepscope: %s\n", line);
     }
     return v[0];
 }

@@ -55,6 +55,9 @@ static void set_err(char *err, size_t errlen, const char *path, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
     va_end(ap);
+    /* Names come from the file: a control character in one must not break the one-line message. */
+    for (char *p = err; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
 }
 
 static char *dup_str(const char *s) {

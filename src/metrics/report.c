@@ -1,9 +1,11 @@
 #include "metrics/report.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "metrics/tfevents.h"
@@ -16,7 +18,10 @@ struct report {
     char metrics_path[4 * CONFIG_STR_MAX];
     char partial_path[4 * CONFIG_STR_MAX + 16];
     char tb_dir[4 * CONFIG_STR_MAX];
-    FILE *metrics;
+    int metrics_fd;         /* -1 when closed */
+    off_t metrics_size;     /* bytes of whole lines written */
+    char created_top[2][4 * CONFIG_STR_MAX]; /* highest folder report_open created, per mkdir_p; "" = none */
+    char created_leaf[2][4 * CONFIG_STR_MAX];
     tfevents_t *tb;
     double *seconds; /* per logged step */
     int64_t num_logged, cap;
@@ -31,6 +36,53 @@ static int dirname_of(const char *path, char *out, size_t n) {
     }
     *slash = '\0';
     return 0;
+}
+
+/* Before mkdir_p(dir): the highest missing folder on the way to dir ("" if dir exists), so
+ * that report_discard removes exactly what was created. */
+static void note_missing(const char *dir, char *top, char *leaf) {
+    char p[4 * CONFIG_STR_MAX];
+    struct stat st;
+    top[0] = leaf[0] = '\0';
+    snprintf(p, sizeof p, "%s", dir);
+    while (p[0] && stat(p, &st) != 0 && errno == ENOENT) {
+        snprintf(top, sizeof p, "%s", p);
+        char *slash = strrchr(p, '/');
+        if (!slash || slash == p) break;
+        *slash = '\0';
+    }
+    if (top[0]) snprintf(leaf, sizeof p, "%s", dir);
+}
+
+/* rmdir leaf and its parents up to and including top; stops at the first that is not empty. */
+static void remove_created(const char *top, const char *leaf) {
+    if (!top[0]) return;
+    char p[4 * CONFIG_STR_MAX];
+    snprintf(p, sizeof p, "%s", leaf);
+    size_t top_len = strlen(top);
+    while (strlen(p) >= top_len && rmdir(p) == 0) {
+        char *slash = strrchr(p, '/');
+        if (!slash || slash == p) break;
+        *slash = '\0';
+    }
+}
+
+void report_discard(report_t *r) {
+    if (!r) return;
+    if (r->tb) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s", tfevents_path(r->tb));
+        tfevents_close(r->tb);
+        unlink(path);
+    }
+    if (r->metrics_fd >= 0) {
+        close(r->metrics_fd);
+        unlink(r->partial_path);
+    }
+    remove_created(r->created_top[1], r->created_leaf[1]);
+    remove_created(r->created_top[0], r->created_leaf[0]);
+    free(r->seconds);
+    free(r);
 }
 
 int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double peak_tflops,
@@ -48,28 +100,32 @@ int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double 
     if (cfg->metrics_file[0]) snprintf(r->metrics_path, sizeof r->metrics_path, "%s", cfg->metrics_file);
     else snprintf(r->metrics_path, sizeof r->metrics_path, "%s/%s/metrics.jsonl", cfg->base_output_directory, cfg->run_name);
     snprintf(r->partial_path, sizeof r->partial_path, "%s.partial", r->metrics_path);
-    char dir[sizeof r->metrics_path];
-    dirname_of(r->metrics_path, dir, sizeof dir);
-    if (mkdir_p(dir) != 0) {
-        snprintf(err, errlen, "cannot create the folder %s for metrics_file: %s", dir, strerror(errno));
-        free(r->seconds);
-        free(r);
+    r->metrics_fd = -1;
+    if (!r->seconds) {
+        snprintf(err, errlen, "out of memory for %lld steps of metrics; lower steps", (long long)cfg->steps);
+        report_discard(r);
         return 1;
     }
-    r->metrics = fopen(r->partial_path, "w");
-    if (!r->metrics) {
+    char dir[sizeof r->metrics_path];
+    dirname_of(r->metrics_path, dir, sizeof dir);
+    note_missing(dir, r->created_top[0], r->created_leaf[0]);
+    if (mkdir_p(dir) != 0) {
+        snprintf(err, errlen, "cannot create the folder %s for metrics_file: %s; check base_output_directory",
+                 dir, strerror(errno));
+        report_discard(r);
+        return 1;
+    }
+    r->metrics_fd = open(r->partial_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (r->metrics_fd < 0) {
         snprintf(err, errlen, "cannot write %s: %s; check base_output_directory", r->partial_path, strerror(errno));
-        free(r->seconds);
-        free(r);
+        report_discard(r);
         return 1;
     }
     if (cfg->enable_tensorboard) {
         snprintf(r->tb_dir, sizeof r->tb_dir, "%s/%s/tensorboard/%s", cfg->base_output_directory, cfg->run_name, cfg->run_name);
+        note_missing(r->tb_dir, r->created_top[1], r->created_leaf[1]);
         if (tfevents_open(&r->tb, r->tb_dir, err, errlen) != 0) {
-            fclose(r->metrics);
-            unlink(r->partial_path);
-            free(r->seconds);
-            free(r);
+            report_discard(r);
             return 1;
         }
     }
@@ -108,9 +164,18 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
            rec->loss);
     fflush(stdout);
     char loss[32], gn[32], raw_gn[32];
-    fprintf(r->metrics, "{\"step\": %lld, \"run_name\": ", (long long)rec->step);
-    json_write_string(r->metrics, r->cfg->run_name);
-    fprintf(r->metrics,
+    /* The line is built in memory and written with one write(): the file only ever holds
+     * whole lines, and a failed write is cut back so it still does. */
+    char *line = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&line, &len);
+    if (!m) {
+        snprintf(err, errlen, "out of memory writing %s", r->partial_path);
+        return 1;
+    }
+    fprintf(m, "{\"step\": %lld, \"run_name\": ", (long long)rec->step);
+    json_write_string(m, r->cfg->run_name);
+    fprintf(m,
             ", \"learning/loss\": %s, \"learning/grad_norm\": %s, "
             "\"learning/raw_grad_norm\": %s, \"learning/current_learning_rate\": %.8g, "
             "\"learning/total_weights\": %lld, \"perf/step_time_seconds\": %.6f, \"perf/per_device_tflops\": %.6f, "
@@ -120,10 +185,27 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
             json_number(raw_gn, sizeof raw_gn, rec->raw_grad_norm), r->cfg->learning_rate,
             (long long)r->plan.tokens_per_device * r->plan.num_ranks, rec->seconds, tflops, tflops_s,
             (long long)r->plan.tokens_per_device, tokens_s, mfu / 100.0, rec->data_wait_seconds);
-    if (fflush(r->metrics) != 0 || ferror(r->metrics)) {
-        snprintf(err, errlen, "writing %s failed: %s (disk full?)", r->partial_path, strerror(errno));
+    int ok = fclose(m) == 0;
+    size_t done = 0;
+    while (ok && done < len) {
+        ssize_t k = write(r->metrics_fd, line + done, len - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            int e = k < 0 ? errno : EIO;
+            if (ftruncate(r->metrics_fd, r->metrics_size) != 0) { /* the write error is the one to report */ }
+            free(line);
+            snprintf(err, errlen, "writing %s failed at step %lld: %s (disk full?); the steps before it are kept",
+                     r->partial_path, (long long)rec->step, strerror(e));
+            return 1;
+        }
+        done += (size_t)k;
+    }
+    free(line);
+    if (!ok) {
+        snprintf(err, errlen, "out of memory writing %s", r->partial_path);
         return 1;
     }
+    r->metrics_size += (off_t)len;
     if (r->tb) {
         const char *tags[] = {"learning/loss", "learning/grad_norm", "learning/raw_grad_norm",
                               "learning/current_learning_rate", "perf/step_time_seconds", "perf/per_device_tflops",
@@ -172,9 +254,10 @@ int report_close(report_t *r, char *err, size_t errlen) {
         snprintf(err, errlen, "closing the TensorBoard event file failed");
         rc = 1;
     }
-    if (r->metrics) {
-        bool ok = fflush(r->metrics) == 0 && fsync(fileno(r->metrics)) == 0;
-        ok = (fclose(r->metrics) == 0) && ok;
+    if (r->metrics_fd >= 0) {
+        bool ok = fsync(r->metrics_fd) == 0 || errno == EINVAL;
+        ok = (close(r->metrics_fd) == 0) && ok;
+        r->metrics_fd = -1;
         if (!ok || rename(r->partial_path, r->metrics_path) != 0) {
             if (!rc) snprintf(err, errlen, "could not finish %s: %s", r->metrics_path, strerror(errno));
             unlink(r->partial_path);
@@ -184,6 +267,16 @@ int report_close(report_t *r, char *err, size_t errlen) {
     free(r->seconds);
     free(r);
     return rc;
+}
+
+void report_salvage_on_signal(const report_t *r) {
+    if (!r) return;
+    if (r->num_logged > 0) {
+        rename(r->partial_path, r->metrics_path);
+        return;
+    }
+    unlink(r->partial_path);
+    if (r->tb) unlink(tfevents_path(r->tb));
 }
 
 const char *report_metrics_path(const report_t *r) { return r->metrics_path; }

@@ -30,6 +30,12 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
 void report_summary(const report_t *r, FILE *out);
 /* Finish the files (rename the metrics file into place). Frees r. */
 int report_close(report_t *r, char *err, size_t errlen);
+/* Remove everything report_open created (files and the folders it made): for a run that
+ * ends before its first step. Frees r. NULL is fine. */
+void report_discard(report_t *r);
+/* For a signal handler about to _exit: put the metrics of the steps logged so far in place
+ * (a rename), or remove the files when no step was logged (unlinks). Async-signal-safe. */
+void report_salvage_on_signal(const report_t *r);
 /* Paths written, for the closing lines. */
 const char *report_metrics_path(const report_t *r);
 const char *report_tensorboard_dir(const report_t *r);

@@ -5,6 +5,7 @@
 
 #include "dist/zero.h"
 #include "kernels/adamw.h"
+#include "kernels/attention.h"
 
 qwen3_dims_t plan_dims(const config_t *cfg) {
     return (qwen3_dims_t){
@@ -47,10 +48,29 @@ static int resolve_mesh(plan_t *p, const config_t *cfg, int num_ranks, char *err
     return 0;
 }
 
+/* Floats of every buffer the plan sizes, over-estimated in double: int64 products of keys that
+ * are each in range can still overflow (max_target_length=2^62 once wrapped to a small plan),
+ * so a shape is refused while its sizes are still doubles. */
+static double plan_floats_upper_bound(const qwen3_dims_t *d, int num_threads) {
+    double B = (double)d->B, S = (double)d->S, D = (double)d->D, F = (double)d->F, L = (double)d->L;
+    double H = (double)d->H, KV = (double)d->KV, HD = (double)d->HD, V = (double)d->V, T = B * S;
+    double params = 2.0 * V * D + L * (2.0 * D + 2.0 * (H + KV) * HD * D + 3.0 * D * F + 2.0 * HD) + D;
+    double layer = T * (4.0 * D + 3.0 * F + 4.0 * (H + KV) * HD + H + KV + 2.0) + B * H * S;
+    double scratch = T * (5.0 * D + 3.0 * F + 3.0 * (H + KV) * HD + V + 4.0) + S * HD + 3.0 * B * KV * HD * S +
+                     (double)num_threads * 4.0 * ATTN_QBLOCK * (S + HD);
+    return 5.0 * params + (L + 1.0) * (layer + T * D) + scratch;
+}
+
 int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
     p->dims = plan_dims(cfg);
     const qwen3_dims_t *d = &p->dims;
+    double floats = plan_floats_upper_bound(d, num_threads);
+    if (!(floats < 0x1p50)) { /* 4 PiB: no machine has it, and every int64 size below stays exact */
+        snprintf(err, errlen, "the model is too large to plan (about %.3g bytes per device); lower vocab_size, the "
+                 "base_* keys, per_device_batch_size or max_target_length", 4.0 * floats);
+        return CONFIG_EXIT_CODE;
+    }
     if (d->HD % 2 != 0) {
         snprintf(err, errlen, "head_dim=%lld must be even for rotary embeddings", (long long)d->HD);
         return CONFIG_EXIT_CODE;

@@ -27,10 +27,29 @@ enum { LANE_COMPUTE = 0, LANE_DATA = 1, LANE_COMM = 2 };
 
 /* Set from the signal handler; read by the compute thread at each step boundary. */
 static volatile sig_atomic_t g_signal;
+/* The open report, for a second signal: the handler cannot reach loop_run's stack. */
+static const report_t *volatile g_report;
 
 static void on_signal(int sig) {
-    if (g_signal) _exit(128 + sig); /* a second signal: leave at once */
-    g_signal = sig;
+    if (!g_signal) {
+        g_signal = sig;
+        return;
+    }
+    /* A second signal: leave at once, with what is on disk whole (async-signal-safe calls only). */
+    atomic_file_abandon();
+    report_salvage_on_signal(g_report);
+    static const char msg[] = "stepscope: second signal: stopped at once; the metrics of the completed steps are kept\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    _exit(128 + sig);
+}
+
+/* Set-up can take a while on a big model: a first signal during it ends the run before step 0. */
+static int interrupted_in_setup(char *err, size_t errlen) {
+    if (!g_signal) return 0;
+    snprintf(err, errlen, "interrupted by %s before the first step; nothing was written",
+             g_signal == SIGINT ? "SIGINT" : "SIGTERM");
+    return 128 + g_signal;
 }
 
 typedef struct loop {
@@ -265,7 +284,16 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         l.events = calloc(1, l.events_cap);
     }
     l.records = calloc((size_t)cfg->steps, sizeof *l.records);
-    if (strcmp(cfg->profiler, "xplane") == 0 && (writer || cfg->upload_all_profiler_results)) {
+    if (!l.records) {
+        snprintf(err, errlen, "out of memory for %lld steps of records; lower steps", (long long)cfg->steps);
+        rc = LOOP_FAILED;
+    }
+    /* Installed before set-up, so a signal during a long start-up is seen (interrupted_in_setup). */
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (rc == LOOP_OK && strcmp(cfg->profiler, "xplane") == 0 && (writer || cfg->upload_all_profiler_results)) {
         l.profile_first = cfg->skip_first_n_steps_for_profiler;
         l.profile_last = l.profile_first + cfg->profiler_steps - 1;
         if (l.profile_last > cfg->steps - 1) l.profile_last = cfg->steps - 1;
@@ -274,11 +302,12 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         if (!l.trace) {
             snprintf(err, errlen, "out of memory for the profiler's buffers; lower profiler_steps");
             rc = LOOP_FAILED;
+        } else {
+            trace_set_lane(l.trace, LANE_COMPUTE, "compute (step thread)", LANE_COMPUTE + 1);
+            if (multi) trace_set_lane(l.trace, LANE_COMM, "collectives (communication thread)", LANE_COMM + 1);
+            l.span_train = trace_intern(l.trace, "train", TRACE_CAT_STEP, NULL);
+            l.span_data_wait = trace_intern(l.trace, "data wait", TRACE_CAT_DATA, "data");
         }
-        trace_set_lane(l.trace, LANE_COMPUTE, "compute (step thread)", LANE_COMPUTE + 1);
-        if (multi) trace_set_lane(l.trace, LANE_COMM, "collectives (communication thread)", LANE_COMM + 1);
-        l.span_train = trace_intern(l.trace, "train", TRACE_CAT_STEP, NULL);
-        l.span_data_wait = trace_intern(l.trace, "data wait", TRACE_CAT_DATA, "data");
     }
     double peak = 0.0;
     if (writer) {
@@ -290,18 +319,16 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     }
     train_parallel_t par = {.world = world, .shard = l.shard, .replica = l.replica, .comm_lane = LANE_COMM,
                             .compute_lane = LANE_COMPUTE};
-    if (rc != LOOP_OK || train_state_create(&l.state, cfg, plan, l.trace, &par, err, errlen) != 0 || open_data(&l, err, errlen) != 0 ||
-        (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0))
+    if (rc == LOOP_OK && train_state_create(&l.state, cfg, plan, l.trace, &par, err, errlen) != 0) rc = LOOP_FAILED;
+    if (rc == LOOP_OK) rc = interrupted_in_setup(err, errlen);
+    if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0)))
         rc = LOOP_FAILED;
     /* Every rank is ready, or none starts. */
     if ((rc = comm_agree(world, rc, err)) != LOOP_OK) {
         err[0] = '\0';
         goto done;
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    g_report = report;
 
     pthread_t compute;
     if (pthread_create(&compute, NULL, compute_main, &l) != 0) {
@@ -314,12 +341,13 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         goto done;
     }
     int64_t next = 0;
+    char profile_err[512] = "";
+    int profile_failed = 0;
     pthread_mutex_lock(&l.mu);
     for (;;) {
         if (l.profile_pending) {
             pthread_mutex_unlock(&l.mu);
-            char perr[512];
-            if (write_profile(&l, peak, &pf, perr, sizeof perr) != 0) fprintf(stderr, "stepscope: profile not written: %s\n", perr);
+            if (write_profile(&l, peak, &pf, profile_err, sizeof profile_err) != 0) profile_failed = 1;
             pthread_mutex_lock(&l.mu);
             l.profile_pending = 0;
             pthread_cond_broadcast(&l.cv);
@@ -351,10 +379,22 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     }
     pthread_mutex_unlock(&l.mu);
     pthread_join(compute, NULL);
+    /* Stopped inside the profiling window (a signal, a diverging run): keep the steps recorded. */
+    if (l.trace && !pf.written && !profile_failed && l.completed >= l.profile_first && l.completed < l.profile_last) {
+        trace_set_recording(l.trace, false);
+        l.profile_last = l.completed;
+        if (write_profile(&l, peak, &pf, profile_err, sizeof profile_err) != 0) profile_failed = 1;
+    }
     if (rc == LOOP_OK && g_signal) {
-        snprintf(err, errlen, "interrupted by %s after step %lld; metrics and profile so far are written",
-                 g_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)l.completed);
+        snprintf(err, errlen, "interrupted by %s after step %lld; metrics %s so far are written%s%s",
+                 g_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)l.completed,
+                 profile_failed ? "" : "and profile", profile_failed ? "; the profile could not be: " : "",
+                 profile_failed ? profile_err : "");
         rc = 128 + g_signal;
+    }
+    if (rc == LOOP_OK && profile_failed) {
+        snprintf(err, errlen, "the profile could not be written: %s; the metrics are complete", profile_err);
+        rc = LOOP_FAILED;
     }
     if (report) report_summary(report, stdout);
     if (writer) print_comm(&l);
@@ -367,9 +407,13 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         }
     }
 done:
-    if (report) {
+    g_report = NULL;
+    if (report && l.completed < 0) {
+        report_discard(report); /* no step measured: leave no files */
+        if (g_signal) rc = interrupted_in_setup(err, errlen);
+    } else if (report) {
         char cerr[512];
-        if (l.completed >= 0) print_files(report, &pf, cfg);
+        print_files(report, &pf, cfg);
         if (report_close(report, cerr, sizeof cerr) != 0 && rc == LOOP_OK) {
             snprintf(err, errlen, "%s", cerr);
             rc = LOOP_FAILED;

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -26,6 +27,15 @@ static int fsync_parent_dir(const char *path) {
     return rc;
 }
 
+/* The temp file being written, for atomic_file_abandon: a signal handler cannot reach the
+ * caller's stack, so this one name is the module's only state. */
+static char g_temp[4096];
+static volatile sig_atomic_t g_temp_live;
+
+void atomic_file_abandon(void) {
+    if (g_temp_live) unlink(g_temp);
+}
+
 static int fail(char *err, size_t errlen, const char *what, const char *path, int e) {
     if (err && errlen) snprintf(err, errlen, "%s %s: %s", what, path, strerror(e));
     return -1;
@@ -44,26 +54,25 @@ int atomic_write_with(const char *path, atomic_writer_fn fn, void *ctx, char *er
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
         return fail(err, errlen, "path too long:", path, ENAMETOOLONG);
+    g_temp_live = 0;
+    memcpy(g_temp, tmp, sizeof g_temp);
+    g_temp_live = 1;
     FILE *f = fopen(tmp, "wbx");
     if (!f && errno == EEXIST) {   /* a leftover from a crashed run with our pid */
         unlink(tmp);
         f = fopen(tmp, "wbx");
     }
-    if (!f) return fail(err, errlen, "cannot create", tmp, errno);
-    if (fn(f, ctx, err, errlen) != 0) {
-        fclose(f);
-        unlink(tmp);
-        return -1;
+    if (!f) {
+        g_temp_live = 0;
+        return fail(err, errlen, "cannot create", tmp, errno);
     }
-    if (finish_file(f, tmp, err, errlen) != 0) {
-        unlink(tmp);
-        return -1;
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return fail(err, errlen, "cannot rename temp file to", path, e);
-    }
+    int rc = fn(f, ctx, err, errlen);
+    if (rc != 0) fclose(f);
+    else rc = finish_file(f, tmp, err, errlen);
+    if (rc == 0 && rename(tmp, path) != 0) rc = fail(err, errlen, "cannot rename temp file to", path, errno);
+    if (rc != 0) unlink(tmp);
+    g_temp_live = 0;
+    if (rc != 0) return -1;
     if (fsync_parent_dir(path) != 0) return fail(err, errlen, "cannot fsync directory of", path, errno);
     return 0;
 }

@@ -17,6 +17,10 @@ int atomic_write_file(const char *path, const void *data, size_t len, char *err,
 /* Streaming form for large outputs: fn writes into the temp file. Same guarantees. */
 int atomic_write_with(const char *path, atomic_writer_fn fn, void *ctx, char *err, size_t errlen);
 
+/* Unlink the temp file of a write in progress, if any; async-signal-safe, for a handler that
+ * is about to _exit (one write is in progress at a time: only the host thread writes files). */
+void atomic_file_abandon(void);
+
 /* mkdir -p: create path and missing parents (mode 0777 & ~umask). 0 if it exists or was
  * created, -1 with errno set otherwise (ENOTDIR if a component is a file). */
 int mkdir_p(const char *path);

@@ -125,6 +125,7 @@ double peak_probe_tflops(bool bf16, int num_threads, double seconds) {
 }
 
 const char *peak_probe_method(bool bf16) {
+    (void)bf16; /* only read where the CPU has a bf16 unit to probe */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (bf16 && amx_usable()) return "probe: 4 independent AMX tile bf16 dot-product (tdpbf16ps) chains per compute thread, best of 5 rounds";
 #endif
