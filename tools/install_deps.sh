@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq gcc make pkg-config libdnnl-dev libyaml-dev libcjson-dev libcmocka-dev zlib1g-dev \
-    protobuf-compiler python3 python3-venv python3-pip >/dev/null
+    protobuf-compiler python3 python3-venv python3-pip \
+    libtcmalloc-minimal4 >/dev/null   # the caching allocator bench/ gives the PyTorch reference
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

@@ -27,40 +27,25 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_BIN = ROOT / "build" / "stepscope"
-DEFAULT_CONFIG = ROOT / "configs" / "base.yml"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stepscope_plan import DEFAULT_BIN, DEFAULT_CONFIG, stepscope_plan  # noqa: E402
 
 
 # ---- configuration, from stepscope's --dry-run --------------------------------------------
 
-def stepscope_plan(overrides, binary=DEFAULT_BIN, config=DEFAULT_CONFIG):
-    """The resolved config and plan of `stepscope CONFIG overrides --dry-run`, as {key: text}.
-    Raises RuntimeError with stepscope's message when it refuses the config; a plan over the
-    memory budget is still returned (with "refused" set to the message), since the caller may
-    want its numbers."""
-    cmd = [str(binary), str(config), *overrides, "--dry-run"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    plan = {}
-    for line in r.stdout.splitlines():
-        key, sep, value = line.partition(": ")
-        if sep:
-            plan[key.strip()] = value.strip()
-        elif line.endswith(":"):
-            plan[line[:-1].strip()] = ""
-    if r.returncode != 0:
-        message = r.stderr.strip() or f"exit {r.returncode}"
-        if "memory_total_bytes" not in plan:
-            raise RuntimeError(f"{' '.join(cmd)}: {message}")
-        plan["refused"] = message
+def resolved_plan(overrides, binary=DEFAULT_BIN, config=DEFAULT_CONFIG):
+    """stepscope's resolved config and plan; RuntimeError when stepscope rejects the config
+    itself (a plan over stepscope's memory budget is fine: torch does not use it). The profiler
+    keys are stepscope's alone, so the profiler is switched off for the check."""
+    plan = stepscope_plan([*overrides, "profiler="], binary, config)
+    if "refused" in plan and "memory_total_bytes" not in plan:
+        raise RuntimeError(plan["refused"])
     return plan
 
 
@@ -379,7 +364,7 @@ def run(overrides, binary=DEFAULT_BIN, config=DEFAULT_CONFIG, mode="eager", dtyp
     t_start = time.monotonic()
     if threads > 0:
         torch.set_num_threads(threads)
-    plan = stepscope_plan(overrides, binary, config)
+    plan = resolved_plan(overrides, binary, config)
     dims, train = Qwen3Dims.from_plan(plan), TrainConfig.from_plan(plan)
     batches = Batches(dims, train)
     model = build_model(dims, train.z_loss, train.init_seed)
