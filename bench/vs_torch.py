@@ -159,7 +159,7 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
             mfu = tflops / (bf16_peak if dtype == "bfloat16" else a.peak)
             ours = sums.get("stepscope-bf16" if dtype == "bfloat16" else "stepscope")
             vs = ""
-            if ours and "error" in ours and dtype == "bfloat16":
+            if dtype == "bfloat16" and (ours is None or "error" in ours):
                 ours, vs = sums.get("stepscope"), " (fp32)"
             speed = mem = ""
             if ours and "error" not in ours:
