@@ -26,6 +26,13 @@ ALLOCATORS = ["/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x8
               "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"]
 
 
+def _exit_on_sigterm(signum, frame):
+    sys.exit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
@@ -75,17 +82,24 @@ def run_child(cmd, log_path, env=None, cwd=None, rss_cap=None, timeout=None):
         p = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                              start_new_session=True)
     over_cap = timed_out = False
-    while True:
-        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-        if pid:
-            break
-        if rss_cap and _rss_bytes(p.pid) > rss_cap and not over_cap:
-            over_cap = True
-            os.killpg(p.pid, signal.SIGKILL)
-        if timeout and time.monotonic() - t0 > timeout and not timed_out:
-            timed_out = True
-            os.killpg(p.pid, signal.SIGKILL)
-        time.sleep(0.02)
+    try:
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if rss_cap and _rss_bytes(p.pid) > rss_cap and not over_cap:
+                over_cap = True
+                os.killpg(p.pid, signal.SIGKILL)
+            if timeout and time.monotonic() - t0 > timeout and not timed_out:
+                timed_out = True
+                os.killpg(p.pid, signal.SIGKILL)
+            time.sleep(0.02)
+    except BaseException:
+        # Interrupted (Ctrl-C, or SIGTERM via the handler below): the child is in its own
+        # session, so take it down too rather than leave it running.
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        raise
     wall = time.monotonic() - t0
     child_cpu = ru.ru_utime + ru.ru_stime
     others = max(0.0, ((_busy_jiffies() - busy0) / hz - child_cpu) / wall)
