@@ -125,9 +125,10 @@ def main():
         if fitted is None:
             break  # a longer sequence at batch 1 will not fit either
 
+    capped = (f"; torch RSS cap {cap / bl.GIB:.2f} GiB (the budget, or available memory less 1 GiB if lower)"
+              if a.torch_seqs else "")
     print(f"\n{a.model}, float32, {a.threads} threads; budget {budget:.2f} GiB "
-          f"(physical {physical / bl.GIB:.2f} GiB); torch RSS cap {cap / bl.GIB:.2f} GiB "
-          f"(the budget, or available memory less 1 GiB if lower)")
+          f"(physical {physical / bl.GIB:.2f} GiB){capped}")
     print(bl.table(["engine", "policy", "seq", "batch", "tokens", "plan GiB", "peak RSS GiB", "result"], rows))
     fits = {}
     for r in rows:
