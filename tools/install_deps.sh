@@ -6,9 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-# clang + libclang-rt-dev: the libFuzzer targets (make fuzz); valgrind: the end-to-end leak test.
+# clang + libclang-rt-dev: the libFuzzer targets (make fuzz); valgrind: the end-to-end leak test;
+# libtcmalloc-minimal4: the caching allocator bench/ gives the PyTorch reference.
 apt-get install -y -qq gcc make pkg-config libopenmpi-dev openmpi-bin libdnnl-dev libyaml-dev libcjson-dev libcmocka-dev \
-    zlib1g-dev protobuf-compiler python3 python3-venv python3-pip clang libclang-rt-dev valgrind >/dev/null
+    zlib1g-dev protobuf-compiler python3 python3-venv python3-pip clang libclang-rt-dev valgrind libtcmalloc-minimal4 >/dev/null
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

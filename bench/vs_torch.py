@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""stepscope against PyTorch on the same configs, side by side in one run.
+
+For each config (model x batch x sequence) it runs, one process at a time and interleaved when
+--repeats > 1: stepscope (build/stepscope), the PyTorch reference tools/torch_qwen3.py in eager
+float32, under torch.compile, and with bf16 autocast, and stepscope with dtype=bfloat16 where
+this build supports it. Every torch child gets torch.set_num_threads(THREADS), OMP_NUM_THREADS
+and a caching allocator (tcmalloc via LD_PRELOAD, freed pages kept); stepscope gets
+num_threads=THREADS. Per run: median step time (step 0 left out), tokens/s, TFLOP/s by
+MaxText's count (per_device_tflops from stepscope's --dry-run), MFU against --peak (fp32) or
+--bf16-peak, peak RSS (the child's ru_maxrss), and the CPU other processes took during the run
+(in cores; near 0 = the run had the machine). Ratios: stepscope's tokens/s over each run's, and
+its peak RSS over theirs.
+
+    bench/vs_torch.py                                       # qwen3-0.6b, 1 x 1024, fp32 and bf16
+    bench/vs_torch.py --model tiny --seq 128 --steps 4 --runs stepscope,eager
+    bench/vs_torch.py --seq 512,1024 --repeats 2 --json out.json
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import benchlib as bl
+
+RUNS = {
+    # name: (engine, torch mode, dtype, label)
+    "stepscope": ("stepscope", None, "float32", "stepscope"),
+    "eager": ("torch", "eager", "float32", "torch eager"),
+    "compile": ("torch", "compile", "float32", "torch.compile"),
+    "stepscope-bf16": ("stepscope", None, "bfloat16", "stepscope"),
+    "eager-bf16": ("torch", "eager", "bfloat16", "torch eager autocast"),
+}
+DEFAULT_RUNS = "stepscope,eager,compile,stepscope-bf16,eager-bf16"
+
+
+def ints(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--model", default="qwen3-0.6b", help="stepscope model_name (a preset)")
+    ap.add_argument("--batch", type=ints, default=[1], help="per_device_batch_size, comma list")
+    ap.add_argument("--seq", type=ints, default=[1024], help="max_target_length, comma list")
+    ap.add_argument("--steps", type=int, default=4, help="steps per run; step 0 is left out of the median")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of all runs, interleaved")
+    ap.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma list of {', '.join(RUNS)}")
+    ap.add_argument("--peak", type=float, default=0.446, help="fp32 peak TFLOP/s (this machine's 2 cores: 0.446)")
+    ap.add_argument("--bf16-peak", type=float, default=None, help="bf16 peak TFLOP/s; default 2 x --peak")
+    ap.add_argument("--memory-cap-gib", type=float, default=None,
+                    help="kill a torch child past this RSS; default and upper bound: available memory less 1 GiB")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra stepscope override for every run (both engines read the config)")
+    ap.add_argument("--passive", action="store_true",
+                    help="OMP_WAIT_POLICY=passive for every child (both engines): on a shared machine, spinning "
+                         "OpenMP threads slow down many-fold when another process holds a core")
+    ap.add_argument("--workdir", help="keep logs and metrics here (default: a temporary folder, removed)")
+    ap.add_argument("--json", help="write every run's numbers here")
+    a = ap.parse_args()
+    runs = [r for r in a.runs.split(",") if r]
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown:
+        ap.error(f"unknown run {unknown[0]!r}; choose from {', '.join(RUNS)}")
+    bf16_peak = a.bf16_peak or 2 * a.peak
+    if a.passive:
+        os.environ["OMP_WAIT_POLICY"] = "passive"
+    bl.build()
+    tmp = None if a.workdir else tempfile.TemporaryDirectory(prefix="vs_torch_")
+    workdir = Path(a.workdir or tmp.name)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    configs = [(b, s) for b in a.batch for s in a.seq]
+    results = {}  # (config, run) -> list of child results
+    plans = {}
+    for b, s in configs:
+        base = [f"model_name={a.model}", f"per_device_batch_size={b}", f"max_target_length={s}",
+                f"steps={a.steps}", "profiler=", *a.set]
+        plans[(b, s)] = {"float32": bl.plan_of(base), "bfloat16": bl.plan_of(base + ["dtype=bfloat16"])}
+    for rep in range(a.repeats):
+        for b, s in configs:
+            base = [f"model_name={a.model}", f"per_device_batch_size={b}", f"max_target_length={s}",
+                    f"steps={a.steps}", "profiler=", *a.set]
+            for run in runs:
+                engine, mode, dtype, _ = RUNS[run]
+                name = f"{run}_b{b}_s{s}_r{rep}"
+                key = ((b, s), run)
+                if engine == "stepscope":
+                    plan = plans[(b, s)][dtype]
+                    if "refused" in plan:
+                        results[key] = [{"skipped": plan["refused"]}]
+                        continue
+                    over = base + (["dtype=bfloat16"] if dtype == "bfloat16" else [])
+                    bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: stepscope")
+                    res = bl.run_stepscope(over, workdir, name, a.threads, a.peak)
+                else:
+                    cap = bl.memory_cap(a.memory_cap_gib)
+                    bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: torch {mode} {dtype} (RSS cap {cap / bl.GIB:.1f} GiB)")
+                    res = bl.run_torch(base, workdir, name, a.threads, mode, dtype, rss_cap=cap)
+                if res["rc"] != 0 or len(res["seconds"]) < 2:
+                    why = "over the RSS cap" if res["over_cap"] else f"exit {res['rc']}"
+                    bl.log(f"  failed ({why}); log {res['log']}:\n{bl.tail(res['log'])}")
+                else:
+                    bl.log(f"  median step {bl.median_step(res['seconds']):.3f} s, peak RSS "
+                           f"{res['peak_rss'] / bl.GIB:.2f} GiB, others' CPU {res['others_cores']:.2f} cores")
+                results.setdefault(key, []).append(res)
+
+    report = print_tables(a, configs, runs, results, plans, bf16_peak)
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1, default=str))
+    if tmp:
+        tmp.cleanup()
+
+
+def summarise(reps):
+    """Median over repeats of each run's median step; peak RSS the largest seen."""
+    ok = [r for r in reps if "skipped" not in r and r["rc"] == 0 and len(r["seconds"]) >= 2]
+    if not ok:
+        first = reps[0]
+        if "skipped" in first:
+            return {"error": "not run: " + first["skipped"].replace("stepscope: ", "")}
+        return {"error": "over the RSS cap" if first.get("over_cap") else f"failed (exit {first['rc']})",
+                "peak_rss": first.get("peak_rss")}
+    return {"median": statistics.median(bl.median_step(r["seconds"]) for r in ok),
+            "peak_rss": max(r["peak_rss"] for r in ok),
+            "others": max(r["others_cores"] for r in ok),
+            "steps": len(ok[0]["seconds"]), "repeats": len(ok), "loss": ok[0]["losses"][:3],
+            "cmds": [r["cmd"] for r in ok]}
+
+
+def print_tables(a, configs, runs, results, plans, bf16_peak):
+    report = []
+    for b, s in configs:
+        plan = plans[(b, s)]["float32"]
+        tflop = float(plan["per_device_tflops"])
+        plan_gib = int(plan["memory_total_bytes"]) / bl.GIB
+        sums = {run: summarise(results[((b, s), run)]) for run in runs if ((b, s), run) in results}
+        print(f"\n{a.model}, batch {b} x {s} tokens, {a.threads} threads, {tflop:.4f} TFLOP per step "
+              f"(MaxText's count); MFU of {a.peak} TFLOP/s (float32) or {bf16_peak:g} (bfloat16); "
+              f"stepscope's memory plan {bl.gib(int(plan['memory_total_bytes']))} GiB")
+        rows, notes = [], []
+        for run in runs:
+            sm = sums.get(run)
+            if sm is None:
+                continue
+            engine, mode, dtype, label = RUNS[run]
+            if "error" in sm:
+                notes.append(f"{label} {dtype}: {sm['error']}")
+                rows.append([label, dtype] + ["-"] * 9)
+                continue
+            tps = b * s / sm["median"]
+            tflops = tflop / sm["median"]
+            mfu = tflops / (bf16_peak if dtype == "bfloat16" else a.peak)
+            ours = sums.get("stepscope-bf16" if dtype == "bfloat16" else "stepscope")
+            vs = ""
+            if dtype == "bfloat16" and (ours is None or "error" in ours):
+                ours, vs = sums.get("stepscope"), " (fp32)"
+            speed = mem = ""
+            if ours and "error" not in ours:
+                speed = f"{sm['median'] / ours['median']:.2f}x{vs}"
+                mem = f"{ours['peak_rss'] / sm['peak_rss']:.2f}"
+            rows.append([label, dtype, f"{sm['median']:.3f}", f"{tps:.1f}", f"{tflops:.4f}", f"{100 * mfu:.1f}%",
+                         bl.gib(sm["peak_rss"]), f"{sm['others']:.2f}", speed, mem,
+                         f"{sm['steps']}x{sm['repeats']}"])
+            report.append({"model": a.model, "batch": b, "seq": s, "run": run, "dtype": dtype,
+                           "median_step_s": sm["median"], "tokens_per_s": tps, "tflops_per_s": tflops, "mfu": mfu,
+                           "peak_rss_bytes": sm["peak_rss"], "others_cores": sm["others"],
+                           "first_losses": sm["loss"], "plan_bytes": int(plan["memory_total_bytes"]),
+                           "commands": sm["cmds"]})
+        print(bl.table(["run", "dtype", "median s", "tokens/s", "TFLOP/s", "MFU", "peak RSS GiB",
+                        "others' CPU", "stepscope speed-up", "RSS ours/theirs", "steps x reps"], rows))
+        for note in notes:
+            print(f"  {note}")
+        ss = sums.get("stepscope")
+        if ss and "error" not in ss:
+            print(f"stepscope peak RSS {bl.gib(ss['peak_rss'])} GiB = {ss['peak_rss'] / bl.GIB / plan_gib:.3f} "
+                  f"x its plan ({bl.gib(int(plan['memory_total_bytes']))} GiB)")
+    print("\nspeed-up = run's median step time / stepscope's (same dtype; '(fp32)' where stepscope has no bf16); "
+          "> 1 means stepscope is faster. others' CPU: cores that other processes used during the run "
+          "(timings with > 0.1 are suspect).")
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(main())

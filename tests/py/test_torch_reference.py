@@ -1,0 +1,85 @@
+"""The PyTorch reference (tools/torch_qwen3.py) against stepscope, loss for loss: both start
+from the same weights (torch initialises and saves them under Hugging Face's names; stepscope
+loads them with load_parameters_path), read the same batches (stepscope's synthetic ids, which
+the reference regenerates, or a token file), and take 3 AdamW steps with clipping. The bench
+scripts time this reference against stepscope, so it must compute the same thing.
+
+torch is not in the test venv: the reference runs under the system python3, and the test skips
+when that python3 has no torch (or no safetensors).
+
+Tolerance: the losses differ only by float32 rounding and summation order (measured <= 1e-7
+relative over the 3 steps); Adam's normalisation can amplify per-element gradient rounding
+where a gradient is near zero, so the bar is 1e-4: still far below what a real difference in
+the maths costs here (the z-loss term alone is ~3e-2 of the loss; clipping scales the first
+update by ~0.17)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_BIN = Path(os.environ.get("STEPSCOPE_BIN", "build/stepscope"))
+BIN = _BIN if _BIN.is_absolute() else ROOT / _BIN
+REFERENCE = ROOT / "tools" / "torch_qwen3.py"
+TORCH_PY = os.environ.get("TORCH_PYTHON", "python3")
+REL_TOL = 1e-4
+
+
+def _torch_available():
+    try:
+        r = subprocess.run([TORCH_PY, "-c", "import torch, safetensors"], capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+pytestmark = [
+    pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built (run make)"),
+    pytest.mark.skipif(not _torch_available(), reason=f"{TORCH_PY} cannot import torch and safetensors"),
+]
+
+CASES = {
+    # the tiny preset as it is: tied head, GQA, synthetic data
+    "tiny_synthetic": ["model_name=tiny", "steps=3"],
+    # untied head, z-loss, clipping that bites (raw norm ~0.6), a token file, batch of 3
+    "untied_zloss_tokens": ["model_name=tiny", "override_model_config=true", "logits_via_embedding=false",
+                            "rope_max_timescale=500000", "normalization_layer_epsilon=1e-5",
+                            "z_loss_multiplier=1e-3", "gradient_clipping_threshold=0.1",
+                            "per_device_batch_size=3", "max_target_length=40", "steps=3",
+                            "dataset_type=tokens"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_first_losses_match_stepscope(tmp_path, case):
+    overrides = list(CASES[case])
+    if "dataset_type=tokens" in overrides:
+        # 3 windows of 40 + 1 ids: every step reads the same batch, so the loss must fall
+        ids = np.random.default_rng(7).integers(0, 256, size=3 * 40 + 1, dtype=np.uint32)
+        ids.astype("<u4").tofile(tmp_path / "ids.bin")
+        overrides.append(f"dataset_path={tmp_path / 'ids.bin'}")
+    weights, result = tmp_path / "w.safetensors", tmp_path / "torch.json"
+    r = subprocess.run([TORCH_PY, str(REFERENCE), "--bin", str(BIN), "--threads", "1", "--quiet",
+                        "--save-weights", str(weights), "--json", str(result), *overrides],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    torch_losses = [s["loss"] for s in json.loads(result.read_text())["steps"]]
+
+    r = subprocess.run([str(BIN), str(ROOT / "configs" / "base.yml"), *overrides,
+                        f"load_parameters_path={weights}", f"base_output_directory={tmp_path / 'out'}",
+                        "run_name=r", "profiler=", "enable_tensorboard=false", "device_peak_tflops=0.446",
+                        "num_threads=1"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = (tmp_path / "out" / "r" / "metrics.jsonl").read_text().splitlines()
+    ours = [json.loads(line)["learning/loss"] for line in lines]
+
+    assert len(ours) == len(torch_losses) == 3
+    rel = [abs(a - b) / abs(b) for a, b in zip(ours, torch_losses)]
+    print(f"{case}: stepscope {ours}, torch {torch_losses}, relative differences {rel}", file=sys.stderr)
+    assert max(rel) < REL_TOL, f"stepscope {ours} vs torch {torch_losses}: relative differences {rel}"
+    # the steps must have trained, or matching losses would say little about the optimizer
+    assert torch_losses[2] < torch_losses[0] - 1e-3
