@@ -13,7 +13,7 @@
 
 #include "kernels/gemm.h"
 
-enum { ATTN_QBLOCK = 64 };
+enum { ATTN_QBLOCK = 64, ATTN_QBLOCK_BF16 = 128 };
 
 typedef struct attn_shape {
     int64_t B, S, H, KV, HD;

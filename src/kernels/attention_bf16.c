@@ -12,12 +12,18 @@
 #include "kernels/attention_internal.h"
 #include "kernels/bf16.h"
 
+/* Query rows per block. Larger than the fp32 kernel's: each block product reorders its B
+ * operand (K or V, kend × HD) into the bf16 unit's layout, so the rows sharing that reorder
+ * decide how much of the time is the product itself. The cost is the masked half of the
+ * diagonal block, computed and thrown away. */
+enum { QB = ATTN_QBLOCK_BF16 };
+
 /* Scratch: K and V in bf16 as [S, HD] per (batch, kv head); then per thread the fp32 strips P
- * and dP [ATTN_QBLOCK, S], their bf16 copies, and the bf16 query and output-gradient blocks
- * [ATTN_QBLOCK, HD]. Counted in floats; bf16 regions take half a float an element. */
+ * and dP [QB, S], their bf16 copies, and the bf16 query and output-gradient blocks
+ * [QB, HD]. Counted in floats; bf16 regions take half a float an element. */
 static int64_t kv_floats(const attn_shape_t *a) { return a->B * a->KV * a->S * a->HD; } /* K16 + V16 */
 static int64_t per_thread_floats(const attn_shape_t *a) {
-    return 2 * ATTN_QBLOCK * a->S + ATTN_QBLOCK * a->S + ATTN_QBLOCK * a->HD;
+    return 2 * QB * a->S + QB * a->S + QB * a->HD;
 }
 
 int64_t attention_bf16_scratch_floats(const attn_shape_t *a, int num_threads) {
@@ -25,19 +31,19 @@ int64_t attention_bf16_scratch_floats(const attn_shape_t *a, int num_threads) {
 }
 
 typedef struct thread_bufs {
-    float *p, *dp;          /* [ATTN_QBLOCK, S] fp32 */
-    bf16_t *p16, *ds16;     /* [ATTN_QBLOCK, S] */
-    bf16_t *q16, *do16;     /* [ATTN_QBLOCK, HD] */
+    float *p, *dp;          /* [QB, S] fp32 */
+    bf16_t *p16, *ds16;     /* [QB, S] */
+    bf16_t *q16, *do16;     /* [QB, HD] */
 } thread_bufs_t;
 
 static thread_bufs_t thread_bufs(float *scratch, const attn_shape_t *a) {
     float *base = scratch + kv_floats(a) + (int64_t)omp_get_thread_num() * per_thread_floats(a);
-    int64_t strip = ATTN_QBLOCK * a->S;
+    int64_t strip = QB * a->S;
     thread_bufs_t t = {.p = base, .dp = base + strip};
     t.p16 = (bf16_t *)(base + 2 * strip);
     t.ds16 = t.p16 + strip;
     t.q16 = t.ds16 + strip;
-    t.do16 = t.q16 + ATTN_QBLOCK * a->HD;
+    t.do16 = t.q16 + QB * a->HD;
     return t;
 }
 
@@ -72,14 +78,14 @@ void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float 
                             const float *k, int64_t ld_k, const float *v, int64_t ld_v,
                             const attn_shape_t *a, float *scratch, gemm_ctx_t *const *thread_gemm) {
     const int64_t B = a->B, S = a->S, H = a->H, HD = a->HD, group = a->H / a->KV;
-    const int64_t qblocks = (S + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
+    const int64_t qblocks = (S + QB - 1) / QB;
     const float scale = 1.0f / sqrtf((float)HD);
     pack_kv16(scratch, a, k, ld_k, v, ld_v);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * H * qblocks; task++) {
         int64_t qb = qblocks - 1 - task % qblocks, bh = task / qblocks;
         int64_t b = bh / H, h = bh % H, kvh = h / group;
-        int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK, kend = i0 + nq;
+        int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB, kend = i0 + nq;
         gemm_ctx_t *g = thread_gemm[omp_get_thread_num()];
         thread_bufs_t t = thread_bufs(scratch, a);
         rows_to_bf16(t.q16, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
@@ -98,7 +104,7 @@ void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk,
                              const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch,
                              gemm_ctx_t *const *thread_gemm) {
     const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, group = a->H / a->KV;
-    const int64_t qblocks = (S + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
+    const int64_t qblocks = (S + QB - 1) / QB;
     const float scale = 1.0f / sqrtf((float)HD);
     pack_kv16(scratch, a, k, ld_k, v, ld_v);
     /* One task per (batch, kv head), as the fp32 kernel: it alone writes that head's dk, dv. */
@@ -116,7 +122,7 @@ void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk,
         for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
             const float *row_lse = lse + (b * H + h) * S;
             for (int64_t qb = 0; qb < qblocks; qb++) {
-                int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK, kend = i0 + nq;
+                int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB, kend = i0 + nq;
                 const float *dop = dout + (b * S + i0) * ld_dout + h * HD, *op = out + (b * S + i0) * ld_out + h * HD;
                 rows_to_bf16(t.q16, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
                 rows_to_bf16(t.do16, dop, ld_dout, nq, HD);

@@ -57,7 +57,7 @@ static double plan_floats_upper_bound(const qwen3_dims_t *d, int num_threads) {
     double params = 2.0 * V * D + L * (2.0 * D + 2.0 * (H + KV) * HD * D + 3.0 * D * F + 2.0 * HD) + D;
     double layer = T * (4.0 * D + 3.0 * F + 4.0 * (H + KV) * HD + H + KV + 2.0) + B * H * S;
     double scratch = T * (5.0 * D + 3.0 * F + 3.0 * (H + KV) * HD + V + 4.0) + S * HD + 3.0 * B * KV * HD * S +
-                     (double)num_threads * 4.0 * ATTN_QBLOCK * (S + HD);
+                     (double)num_threads * 4.0 * ATTN_QBLOCK_BF16 * (S + HD);
     return 5.0 * params + (L + 1.0) * (layer + T * D) + scratch;
 }
 
