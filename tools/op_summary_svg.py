@@ -3,7 +3,10 @@
 chart: one bar per op kind and, indented, one per layer part, each as its share of the step
 time, labelled with ms per step, GFLOP/s and % of the device peak. Standard library only.
 
-    python3 tools/op_summary_svg.py <op_summary.json> <out.svg> [--title TEXT]
+    python3 tools/op_summary_svg.py <op_summary.json> <out.svg> [--title TEXT] [--peak-gflops X]
+
+--peak-gflops recomputes every "% of peak" against X (say, the bf16 peak for a run whose
+device_peak_tflops was given as the fp32 one).
 """
 import argparse
 import json
@@ -12,7 +15,7 @@ import sys
 import tempfile
 from xml.sax.saxutils import escape
 
-ROW_H, BAR_X, BAR_W, LABEL_W = 22, 230, 420, 330
+ROW_H, BAR_X, BAR_W, LABEL_W = 22, 230, 420, 360
 COLORS = {"matmul": "#4e79a7", "attention": "#f28e2b", "optimizer": "#59a14f", "norm": "#b07aa1",
           "xent": "#e15759", "swiglu": "#76b7b2", "rope": "#edc948", "elementwise": "#9c755f",
           "embed": "#bab0ac", "comm": "#ff9da7", "data": "#d37295"}
@@ -62,9 +65,9 @@ def svg(summary, title):
         # The optimizer's few flops (the norm's squares) make no meaningful rate: show rates of 1+ GFLOP/s.
         rate = f'{r["gflops"]:.0f} GFLOP/s, {r["pct"]:.0f}% of peak' if r["gflops"] >= 1 else ""
         x = BAR_X + BAR_W
-        out.append(f'<text x="{x + 50}" y="{y + 15}" text-anchor="end">{100 * r["share"]:.1f}%</text>')
-        out.append(f'<text x="{x + 130}" y="{y + 15}" text-anchor="end">{r["ms"]:.1f} ms</text>')
-        out.append(f'<text x="{x + 145}" y="{y + 15}">{rate}</text>')
+        out.append(f'<text x="{x + 55}" y="{y + 15}" text-anchor="end">{100 * r["share"]:.1f}%</text>')
+        out.append(f'<text x="{x + 150}" y="{y + 15}" text-anchor="end">{r["ms"]:.1f} ms</text>')
+        out.append(f'<text x="{x + 162}" y="{y + 15}">{rate}</text>')
         y += ROW_H
     out.append("</svg>")
     return "\n".join(out) + "\n"
@@ -75,11 +78,18 @@ def main():
     ap.add_argument("summary")
     ap.add_argument("out")
     ap.add_argument("--title", default="stepscope op summary")
+    ap.add_argument("--peak-gflops", type=float, default=None)
     a = ap.parse_args()
     try:
         summary = json.load(open(a.summary))
     except (OSError, ValueError) as e:
         sys.exit(f"op_summary_svg: cannot read {a.summary}: {e}")
+    if a.peak_gflops:
+        if not a.peak_gflops > 0:
+            sys.exit("op_summary_svg: --peak-gflops must be positive")
+        summary["peak_gflops"] = a.peak_gflops
+        for r in summary["rows"]:
+            r["pct_peak"] = 100.0 * r.get("gflops_per_s", 0.0) / a.peak_gflops
     text = svg(summary, a.title)
     # Whole or not at all, as every file the project writes.
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(a.out)), suffix=".partial")
@@ -87,6 +97,9 @@ def main():
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it owner-only; a picture is for everyone
     os.replace(tmp, a.out)
 
 

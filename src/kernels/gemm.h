@@ -29,6 +29,9 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate);
 
+/* Whether this CPU (and the library build) can run gemm_bf16. */
+bool gemm_bf16_supported(gemm_ctx_t *g);
+
 /* Reference: the same contract in plain loops (float accumulation in double), for tests. */
 void gemm_f32_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                     const float *A, int64_t lda, const float *B, int64_t ldb,

@@ -226,6 +226,13 @@ def test_bfloat16_plan_and_run(tmp_path):
         assert abs(a - b) / a < 0.02, losses
 
 
+def test_bfloat16_refused_where_the_cpu_has_no_bf16_matmul(tmp_path):
+    # oneDNN capped at AVX2 (as on a CPU without AVX512/AMX) has no bf16 matmul: one line, exit 1,
+    # no files, instead of an internal error at the first matmul
+    r = stepscope(tmp_path, *FAST, "dtype=bfloat16", env_extra={"ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert_refused(r, tmp_path, "dtype=bfloat16", "dtype=float32", code=1)
+
+
 @pytest.mark.parametrize("preset,tflops", [("qwen3-0.6b", "8.7666"), ("qwen3-8b", "96.7076")])
 def test_dry_run_maxtext_tflops(tmp_path, preset, tflops):
     # memory_limit_gib: the plan check must not depend on this machine's memory
