@@ -32,6 +32,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
+#include "kernels/transpose.h"
 #include "kernels/vecmath.h"
 #include "kernels/xent.h"
 #include "test_util.h"
@@ -183,6 +184,26 @@ static void test_bf16_rounding(void **state) {
     float nan = NAN;
     assert_true(isnan(bf16_to_f32(bf16_from_f32(nan))));
     free(x), free(y);
+}
+
+/* transpose: exact (a copy), over shapes that mix whole 16×16 tiles, 64-column bands and
+ * ragged edges, with leading dims wider than the matrices and the destination's padding kept. */
+static void test_transpose(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{1, 1}, {16, 16}, {37, 53}, {130, 203}, {64, 3}, {5, 70}};
+    test_rng_t rng = {4};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t R = shapes[i][0], C = shapes[i][1], lds = C + 3, ldd = R + 5;
+        float *src = falloc((size_t)(R * lds)), *dst = falloc((size_t)(C * ldd));
+        fill_uniform(src, (size_t)(R * lds), &rng, -1.0f, 1.0f);
+        fill_const(dst, (size_t)(C * ldd), SENTINEL);
+        transpose_f32(dst, ldd, src, lds, R, C);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t c = 0; c < C; c++)
+                if (dst[c * ldd + r] != src[r * lds + c]) fail_msg("transpose %ldx%ld: (%ld,%ld) wrong", (long)R, (long)C, (long)r, (long)c);
+        assert_true(padding_intact(dst, C, R, ldd, SENTINEL));
+        free(src), free(dst);
+    }
 }
 
 /* K = 0: C = 0 when writing, untouched when accumulating (an empty sum). */
@@ -1194,6 +1215,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_vs_naive),
         cmocka_unit_test(test_gemm_empty_k),
+        cmocka_unit_test(test_transpose),
         cmocka_unit_test(test_gemm_bf16_vs_naive),
         cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_gemm_caches_primitives),

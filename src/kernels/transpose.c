@@ -1,0 +1,52 @@
+#include "kernels/transpose.h"
+
+#include <immintrin.h>
+
+#if defined(__AVX512F__)
+/* One 16×16 tile through registers: unpack pairs, then 64-bit pairs, then gather the 128-bit
+ * lanes of the four row groups. */
+static void tile16(float *dst, int64_t ld_dst, const float *src, int64_t ld_src) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ld_src);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    /* Per 128-bit lane L, r[4g + j] now holds column 4L + j of rows 4g..4g+3: gather the lane
+     * from the four row groups into one 16-row column. */
+    for (int i = 0; i < 4; i++) {
+        __m512 a = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x44), b = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x44);
+        __m512 c = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xee), d = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xee);
+        t[i] = _mm512_shuffle_f32x4(a, b, 0x88);
+        t[4 + i] = _mm512_shuffle_f32x4(a, b, 0xdd);
+        t[8 + i] = _mm512_shuffle_f32x4(c, d, 0x88);
+        t[12 + i] = _mm512_shuffle_f32x4(c, d, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ld_dst, t[i]);
+}
+#endif
+
+void transpose_f32(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < cols; c0 += 64) {
+        int64_t c1 = c0 + 64 < cols ? c0 + 64 : cols;
+        for (int64_t r0 = 0; r0 < rows; r0 += 16)
+            for (int64_t c = c0; c < c1; c += 16) {
+#if defined(__AVX512F__)
+                if (r0 + 16 <= rows && c + 16 <= c1) {
+                    tile16(dst + c * ld_dst + r0, ld_dst, src + r0 * ld_src + c, ld_src);
+                    continue;
+                }
+#endif
+                int64_t re = r0 + 16 < rows ? r0 + 16 : rows, ce = c + 16 < c1 ? c + 16 : c1;
+                for (int64_t i = r0; i < re; i++)
+                    for (int64_t j = c; j < ce; j++) dst[j * ld_dst + i] = src[i * ld_src + j];
+            }
+    }
+}
