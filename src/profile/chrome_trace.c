@@ -95,7 +95,7 @@ static void write_metadata(jw_t *w) {
     jw_printf(w, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"stepscope (host)\"}}");
     for (size_t l = 0; l < w->t->num_lanes; l++) {
         const trace_lane_t *L = &w->t->lanes[l];
-        if (L->count == 0) continue;
+        if (trace_lane_count(L) == 0) continue;
         jw_printf(w, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%lld,\"args\":{\"name\":",
                   (long long)L->tid);
         jw_string(w, L->name);
@@ -124,7 +124,7 @@ static void write_event(jw_t *w, const trace_lane_t *L, const trace_event_t *e) 
 static int64_t earliest_start(const trace_t *t) {
     int64_t base = INT64_MAX;
     for (size_t l = 0; l < t->num_lanes; l++)
-        for (size_t i = 0; i < t->lanes[l].count; i++)
+        for (size_t i = 0, n = trace_lane_count(&t->lanes[l]); i < n; i++)
             if (t->lanes[l].events[i].start_ns < base) base = t->lanes[l].events[i].start_ns;
     return base == INT64_MAX ? 0 : base;
 }
@@ -144,7 +144,7 @@ static int write_gz(FILE *f, void *ctx, char *err, size_t errlen) {
     write_metadata(w);
     for (size_t l = 0; l < w->t->num_lanes; l++) {
         const trace_lane_t *L = &w->t->lanes[l];
-        for (size_t i = 0; i < L->count; i++)
+        for (size_t i = 0, n = trace_lane_count(L); i < n; i++)
             if (L->events[i].name_id < w->t->num_names) write_event(w, L, &L->events[i]);
     }
     size_t dropped = 0;

@@ -33,13 +33,14 @@ static int cmp_step_start(const void *pa, const void *pb) {
 /* Root steps in range from every lane, one per step number, sorted by start. */
 static step_span_t *collect_steps(const trace_t *t, int64_t first, int64_t last, size_t *n) {
     size_t total = 0;
-    for (size_t l = 0; l < t->num_lanes; l++) total += t->lanes[l].count;
+    for (size_t l = 0; l < t->num_lanes; l++) total += trace_lane_count(&t->lanes[l]);
     step_span_t *s = malloc((total ? total : 1) * sizeof *s);
     if (!s) return NULL;
     bool all = first < 0 || last < first;
     size_t k = 0;
     for (size_t l = 0; l < t->num_lanes; l++)
-        for (size_t i = 0; i < t->lanes[l].count; i++) {
+        /* k < total: a lane may have published more since total was taken. */
+        for (size_t i = 0, n = trace_lane_count(&t->lanes[l]); i < n && k < total; i++) {
             const trace_event_t *e = &t->lanes[l].events[i];
             if (!trace_is_root_step(t, e) || (!all && (e->step_num < first || e->step_num > last))) continue;
             s[k++] = (step_span_t){e->start_ns, e->end_ns, e->step_num};
@@ -93,10 +94,11 @@ typedef struct {
 /* Walk the master lane in time order and add each counted leaf span to its rows. */
 static int tally_lane(const trace_t *t, const trace_lane_t *L, const step_span_t *steps,
                       size_t num_steps, tally_t *ty) {
-    const trace_event_t **ev = malloc((L->count ? L->count : 1) * sizeof *ev);
+    size_t published = trace_lane_count(L);
+    const trace_event_t **ev = malloc((published ? published : 1) * sizeof *ev);
     if (!ev) return -1;
     size_t n = 0;
-    for (size_t i = 0; i < L->count; i++)
+    for (size_t i = 0; i < published; i++)
         if (L->events[i].name_id < t->num_names && is_leaf(t->names[L->events[i].name_id].category))
             ev[n++] = &L->events[i];
     qsort(ev, n, sizeof *ev, cmp_event);

@@ -109,13 +109,15 @@ bool trace_record(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns,
         L->dropped++;
         return false;
     }
-    trace_event_t *e = &L->events[L->count++];
+    size_t n = L->count; /* only this lane's thread writes it */
+    trace_event_t *e = &L->events[n];
     e->start_ns = start_ns;
     e->end_ns = end_ns < start_ns ? start_ns : end_ns;
     e->step_num = step_num;
     e->flops = flops;
     e->name_id = name_id;
     e->lane = lane;
+    __atomic_store_n(&L->count, n + 1, __ATOMIC_RELEASE); /* publish after the event is whole */
     return true;
 }
 

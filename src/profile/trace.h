@@ -63,6 +63,12 @@ typedef struct trace {
     int64_t wall_minus_mono_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC at creation, for epoch timestamps */
 } trace_t;
 
+/* Events published on a lane so far. A lane's thread may still be appending while another
+ * thread writes the profile (the data thread ends a span begun inside the window after the
+ * window has closed): readers take this once and read only events below it; trace_record fills
+ * an event before it publishes the new count. */
+static inline size_t trace_lane_count(const trace_lane_t *L) { return __atomic_load_n(&L->count, __ATOMIC_ACQUIRE); }
+
 /* Create a recorder with num_lanes lanes of events_per_lane events each. NULL on OOM. */
 trace_t *trace_create(size_t num_lanes, size_t events_per_lane);
 void trace_destroy(trace_t *t);

@@ -30,7 +30,7 @@ static bool step_window(const trace_t *t, int64_t first, int64_t last, int64_t *
     if (first < 0 || last < first) return false;
     bool found = false;
     for (size_t l = 0; l < t->num_lanes; l++)
-        for (size_t i = 0; i < t->lanes[l].count; i++) {
+        for (size_t i = 0, n = trace_lane_count(&t->lanes[l]); i < n; i++) {
             const trace_event_t *e = &t->lanes[l].events[i];
             if (!root_step_in(t, e, first, last)) continue;
             if (!found || e->start_ns < *lo) *lo = e->start_ns;
@@ -62,10 +62,11 @@ static void view_free(xplane_view_t *v) {
 /* Keep events with a known name inside the window; note used names and the time base. */
 static bool collect_lane(xplane_view_t *v, size_t l, bool windowed, int64_t lo, int64_t hi) {
     const trace_lane_t *L = &v->t->lanes[l];
-    v->events[l] = malloc((L->count ? L->count : 1) * sizeof *v->events[l]);
+    size_t published = trace_lane_count(L);
+    v->events[l] = malloc((published ? published : 1) * sizeof *v->events[l]);
     if (!v->events[l]) return false;
     size_t n = 0;
-    for (size_t i = 0; i < L->count; i++) {
+    for (size_t i = 0; i < published; i++) {
         const trace_event_t *e = &L->events[i];
         if (e->name_id >= v->t->num_names) continue;
         if (windowed && (e->end_ns < lo || e->start_ns > hi)) continue;
