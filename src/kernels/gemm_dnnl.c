@@ -54,23 +54,6 @@ void gemm_destroy(gemm_ctx_t *g) {
 
 int gemm_num_primitives(const gemm_ctx_t *g) { return g->num_entries; }
 
-bool gemm_bf16_supported(gemm_ctx_t *g) {
-    /* oneDNN has bf16 matmul kernels only for AVX512 (BF16 instructions, or emulated on
-     * AVX512-core) and AMX; elsewhere creating the primitive fails, so try one. */
-    dnnl_memory_desc_t a_md, b_md, c_md;
-    dnnl_dims_t dims = {16, 16};
-    if (dnnl_memory_desc_init_by_tag(&a_md, 2, dims, dnnl_bf16, dnnl_ab) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&b_md, 2, dims, dnnl_bf16, dnnl_ab) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&c_md, 2, dims, dnnl_f32, dnnl_ab) != dnnl_success)
-        return false;
-    dnnl_matmul_desc_t desc;
-    dnnl_primitive_desc_t pd;
-    if (dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md) != dnnl_success ||
-        dnnl_primitive_desc_create(&pd, &desc, NULL, g->engine, NULL) != dnnl_success)
-        return false;
-    dnnl_primitive_desc_destroy(pd);
-    return true;
-}
 
 static void check(dnnl_status_t s, const char *what) {
     if (s != dnnl_success) {
@@ -89,6 +72,22 @@ static void matrix_desc(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int6
         strides[1] = ld;
     }
     check(dnnl_memory_desc_init_by_strides(md, 2, dims, type, strides), "memory desc");
+}
+
+bool gemm_bf16_supported(gemm_ctx_t *g) {
+    /* oneDNN has bf16 matmul kernels only for AVX512 (BF16 instructions, or emulated on
+     * AVX512-core) and AMX; elsewhere creating the primitive fails, so try one. */
+    dnnl_memory_desc_t a_md, b_md, c_md;
+    matrix_desc(&a_md, 16, 16, 16, false, dnnl_bf16);
+    matrix_desc(&b_md, 16, 16, 16, false, dnnl_bf16);
+    matrix_desc(&c_md, 16, 16, 16, false, dnnl_f32);
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_desc_t pd;
+    if (dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md) != dnnl_success ||
+        dnnl_primitive_desc_create(&pd, &desc, NULL, g->engine, NULL) != dnnl_success)
+        return false;
+    dnnl_primitive_desc_destroy(pd);
+    return true;
 }
 
 static gemm_entry_t *create_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
