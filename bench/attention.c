@@ -1,5 +1,6 @@
-/* attention: GFLOP/s of the flash-attention forward and backward kernels, fp32 and bf16
- * (interleaved round by round), at qwen3-0.6b's head shapes (H=16, KV=8, HD=128) for a list
+/* attention: GFLOP/s of the flash-attention forward and backward kernels: fp32 with block
+ * products in our micro-GEMM, fp32 with them in MKL (where it loads), and bf16 (interleaved
+ * round by round), at qwen3-0.6b's head shapes (H=16, KV=8, HD=128) for a list
  * of sequence lengths, median of `reps`; % of peak against the peak of each dtype.
  * FLOPs are counted as the model's op summary counts them: causal half of the S² scores,
  * 2 matmuls forward and 4 backward (the recomputed scores are not counted, as in MaxText).
@@ -30,13 +31,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: attention [reps 1..64] [fp32_peak] [bf16_peak] [threads>=1] [S ...]\n");
         return 2;
     }
-    char err[256];
-    gemm_ctx_t **g = malloc((size_t)threads * sizeof *g);
+    char err[512];
+    gemm_ctx_t **g = malloc((size_t)threads * sizeof *g), **gm = calloc((size_t)threads, sizeof *gm);
     for (int t = 0; t < threads; t++)
-        if (!(g[t] = gemm_create(err, sizeof err))) {
+        if (!(g[t] = gemm_create(GEMM_LIB_AUTO, err, sizeof err))) {
             fprintf(stderr, "%s\n", err);
             return 1;
         }
+    /* fp32 block products in MKL, beside our micro-GEMM, where MKL loads */
+    bool have_mkl = true;
+    for (int t = 0; t < threads && have_mkl; t++) have_mkl = (gm[t] = gemm_create(GEMM_LIB_MKL, err, sizeof err));
+    if (!have_mkl) printf("fp32 with MKL block products not measured: %s\n", err);
     omp_set_num_threads(threads);
     int64_t seqs[16] = {256, 1024, 4096};
     int nseq = 3;
@@ -45,7 +50,9 @@ int main(int argc, char **argv) {
         for (int i = 5; i < argc && nseq < 16; i++) seqs[nseq++] = atoll(argv[i]);
     }
     printf("attention kernels, H=16 KV=8 HD=128, batch 1, %d threads, median of %d\n", threads, reps);
-    printf("%6s %5s %10s %9s %7s %10s %9s %7s\n", "S", "dtype", "fwd ms", "GFLOP/s", "%peak", "bwd ms", "GFLOP/s", "%peak");
+    printf("%6s %-17s %10s %9s %7s %10s %9s %7s\n", "S", "kernel", "fwd ms", "GFLOP/s", "%peak", "bwd ms", "GFLOP/s",
+           "%peak");
+    static const char *kernel_names[3] = {"fp32 micro-GEMM", "fp32 MKL blocks", "bf16"};
     for (int si = 0; si < nseq; si++) {
         attn_shape_t a = {1, seqs[si], 16, 8, 128};
         int64_t T = a.B * a.S, QKV = (a.H + 2 * a.KV) * a.HD;
@@ -56,32 +63,38 @@ int main(int argc, char **argv) {
         const float *q = qkv, *k = qkv + a.H * a.HD, *v = qkv + (a.H + a.KV) * a.HD;
         float *dq = dqkv, *dk = dqkv + a.H * a.HD, *dv = dqkv + (a.H + a.KV) * a.HD;
         int64_t ldo = a.H * a.HD;
-        double tf[2][64], tb[2][64];
+        double tf[3][64], tb[3][64];
         for (int r = -1; r < reps; r++)
-            for (int bf = 0; bf < 2; bf++) {
+            for (int kind = 0; kind < 3; kind++) { /* interleaved, so noise hits all alike */
+                if (kind == 1 && !have_mkl) continue;
                 double t0 = omp_get_wtime();
-                if (bf) attention_forward_bf16(out, ldo, lse, q, QKV, k, QKV, v, QKV, &a, scratch, g);
-                else attention_forward(out, ldo, lse, q, QKV, k, QKV, v, QKV, &a, scratch);
+                if (kind == 2) attention_forward_bf16(out, ldo, lse, q, QKV, k, QKV, v, QKV, &a, scratch, g);
+                else attention_forward(out, ldo, lse, q, QKV, k, QKV, v, QKV, &a, scratch, kind ? gm : NULL);
                 double t1 = omp_get_wtime();
-                if (bf) attention_backward_bf16(dq, QKV, dk, QKV, dv, QKV, dout, ldo, out, ldo, lse, q, QKV, k, QKV, v,
-                                                QKV, &a, scratch, g);
-                else attention_backward(dq, QKV, dk, QKV, dv, QKV, dout, ldo, out, ldo, lse, q, QKV, k, QKV, v, QKV, &a,
-                                        scratch);
+                if (kind == 2)
+                    attention_backward_bf16(dq, QKV, dk, QKV, dv, QKV, dout, ldo, out, ldo, lse, q, QKV, k, QKV, v, QKV,
+                                            &a, scratch, g);
+                else
+                    attention_backward(dq, QKV, dk, QKV, dv, QKV, dout, ldo, out, ldo, lse, q, QKV, k, QKV, v, QKV, &a,
+                                       scratch, kind ? gm : NULL);
                 double t2 = omp_get_wtime();
-                if (r >= 0) tf[bf][r] = t1 - t0, tb[bf][r] = t2 - t1;
+                if (r >= 0) tf[kind][r] = t1 - t0, tb[kind][r] = t2 - t1;
             }
         double one = 2.0 * 2.0 * (double)a.B * (double)a.S * (double)a.S * (double)a.H * (double)a.HD / 2.0;
-        for (int bf = 0; bf < 2; bf++) {
-            qsort(tf[bf], (size_t)reps, sizeof(double), cmp_double);
-            qsort(tb[bf], (size_t)reps, sizeof(double), cmp_double);
-            double f = tf[bf][reps / 2], b = tb[bf][reps / 2];
-            printf("%6lld %5s %10.2f %9.1f %6.1f%% %10.2f %9.1f %6.1f%%\n", (long long)a.S, bf ? "bf16" : "fp32", f * 1e3,
-                   one / f * 1e-9, 100 * one / f * 1e-9 / peak[bf], b * 1e3, 2 * one / b * 1e-9,
+        for (int kind = 0; kind < 3; kind++) {
+            if (kind == 1 && !have_mkl) continue;
+            int bf = kind == 2;
+            qsort(tf[kind], (size_t)reps, sizeof(double), cmp_double);
+            qsort(tb[kind], (size_t)reps, sizeof(double), cmp_double);
+            double f = tf[kind][reps / 2], b = tb[kind][reps / 2];
+            printf("%6lld %-17s %10.2f %9.1f %6.1f%% %10.2f %9.1f %6.1f%%\n", (long long)a.S, kernel_names[kind],
+                   f * 1e3, one / f * 1e-9, 100 * one / f * 1e-9 / peak[bf], b * 1e3, 2 * one / b * 1e-9,
                    100 * 2 * one / b * 1e-9 / peak[bf]);
         }
         free(qkv), free(out), free(lse), free(dout), free(dqkv), free(scratch);
     }
-    for (int t = 0; t < threads; t++) gemm_destroy(g[t]);
+    for (int t = 0; t < threads; t++) gemm_destroy(g[t]), gemm_destroy(gm[t]);
     free(g);
+    free(gm);
     return 0;
 }

@@ -65,12 +65,23 @@ static double fd_serial(float *x, const size_t *idx, size_t nidx, const float *g
 
 /* ================================ gemm ================================ */
 
-static gemm_ctx_t *new_gemm(void) {
-    char err[256] = "";
-    gemm_ctx_t *g = gemm_create(err, sizeof err);
+/* The gemm tests run once per library (cmocka prestate: a gemm_library_t); MKL's are
+ * skipped, saying so, where it is not installed. */
+static const gemm_library_t LIB_ONEDNN = GEMM_LIB_ONEDNN, LIB_MKL = GEMM_LIB_MKL;
+
+static gemm_ctx_t *new_gemm_of(void **state) {
+    gemm_library_t lib = *state ? *(const gemm_library_t *)*state : GEMM_LIB_AUTO;
+    char err[512] = "";
+    gemm_ctx_t *g = gemm_create(lib, err, sizeof err);
+    if (!g && lib == GEMM_LIB_MKL) {
+        print_message("[  SKIP    ] MKL not installed here: %s\n", err);
+        skip();
+    }
     if (!g) fail_msg("gemm_create: %s", err);
+    if (lib != GEMM_LIB_AUTO) assert_string_equal(gemm_library_name(g), lib == GEMM_LIB_MKL ? "mkl" : "onednn");
     return g;
 }
+
 
 /* One gemm_f32 call against gemm_f32_naive on the same inputs: storage with leading dims
  * pad wider than the matrices, C padding filled with a sentinel that must survive, and for
@@ -105,10 +116,9 @@ static double gemm_case(gemm_ctx_t *g, bool ta, bool tb, int64_t M, int64_t N, i
  * for random signs Σ|a·b| ≈ √K·|Σ a·b|, so the Frobenius error is ~K·ε/2 ≤ 2e-5 at worst
  * and ~1e-6 in practice (oneDNN blocks K); the naive reference sums in double. */
 static void test_gemm_vs_naive(void **state) {
-    (void)state;
     static const int64_t shapes[][3] = {{37, 53, 29}, {1, 1, 1}, {64, 48, 300}, {17, 5, 3}, {3, 130, 64}};
     test_rng_t rng = {1};
-    gemm_ctx_t *g = new_gemm();
+    gemm_ctx_t *g = new_gemm_of(state);
     double worst = 0.0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int ta = 0; ta < 2; ta++)
@@ -130,10 +140,9 @@ static void test_gemm_vs_naive(void **state) {
  * over K ≤ 300 terms, the same ~1e-6 as the fp32 case (bound 1e-5). All transposes,
  * accumulate and padded leading dims. */
 static void test_gemm_bf16_vs_naive(void **state) {
-    (void)state;
     static const int64_t shapes[][3] = {{37, 53, 29}, {1, 1, 1}, {64, 48, 300}, {17, 5, 3}, {3, 130, 64}};
     test_rng_t rng = {2};
-    gemm_ctx_t *g = new_gemm();
+    gemm_ctx_t *g = new_gemm_of(state);
     double worst = 0.0;
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
         for (int ta = 0; ta < 2; ta++)
@@ -208,8 +217,7 @@ static void test_transpose(void **state) {
 
 /* K = 0: C = 0 when writing, untouched when accumulating (an empty sum). */
 static void test_gemm_empty_k(void **state) {
-    (void)state;
-    gemm_ctx_t *g = new_gemm();
+    gemm_ctx_t *g = new_gemm_of(state);
     float C[6] = {1, 2, 3, 4, 5, 6}, A[1] = {0}, B[1] = {0};
     gemm_f32(g, false, false, 2, 3, 0, A, 1, B, 3, C, 3, true);
     for (int i = 0; i < 6; i++) assert_true(C[i] == (float)(i + 1));
@@ -221,9 +229,8 @@ static void test_gemm_empty_k(void **state) {
 /* The cache: a repeated shape reuses its primitive (and still reads the new pointers); any
  * change of the key (shape, transposes, accumulate, leading dims) makes a new one. */
 static void test_gemm_caches_primitives(void **state) {
-    (void)state;
     test_rng_t rng = {2};
-    gemm_ctx_t *g = new_gemm();
+    gemm_ctx_t *g = new_gemm_of(state);
     assert_int_equal(gemm_num_primitives(g), 0);
     gemm_case(g, false, true, 37, 53, 29, 0, false, &rng);
     assert_int_equal(gemm_num_primitives(g), 1);
@@ -910,6 +917,7 @@ typedef struct attn_bufs {
     int64_t T, ld, ld_out, ld_dout, qw, kw;
     float *qkv, *out, *lse, *R, *dqkv;
     const float *q, *k, *v;
+    gemm_ctx_t **tg; /* block products: NULL = micro-GEMM, else one library context per thread */
 } attn_bufs_t;
 
 static void attn_alloc(attn_bufs_t *x, const attn_case_t *c, test_rng_t *rng) {
@@ -926,6 +934,7 @@ static void attn_alloc(attn_bufs_t *x, const attn_case_t *c, test_rng_t *rng) {
     fill_uniform(x->R, (size_t)(x->T * x->ld_dout), rng, -1.0f, 1.0f);
     fill_const(x->out, (size_t)(x->T * x->ld_out), SENTINEL);
     x->q = x->qkv, x->k = x->qkv + x->qw, x->v = x->qkv + x->qw + x->kw;
+    x->tg = NULL;
 }
 
 static void attn_free(attn_bufs_t *x) {
@@ -938,7 +947,7 @@ static float *attn_scratch(const attn_shape_t *a) {
 
 static void attn_forward(attn_bufs_t *x) {
     float *scratch = attn_scratch(&x->a);
-    attention_forward(x->out, x->ld_out, x->lse, x->q, x->ld, x->k, x->ld, x->v, x->ld, &x->a, scratch);
+    attention_forward(x->out, x->ld_out, x->lse, x->q, x->ld, x->k, x->ld, x->v, x->ld, &x->a, scratch, x->tg);
     free(scratch);
 }
 
@@ -948,13 +957,30 @@ static void attn_backward(attn_bufs_t *x) {
     fill_const(x->dqkv, (size_t)(x->T * x->ld), SENTINEL);
     float *dq = x->dqkv, *dk = x->dqkv + x->qw, *dv = x->dqkv + x->qw + x->kw;
     attention_backward(dq, x->ld, dk, x->ld, dv, x->ld, x->R, x->ld_dout, x->out, x->ld_out, x->lse, x->q, x->ld,
-                       x->k, x->ld, x->v, x->ld, &x->a, scratch);
+                       x->k, x->ld, x->v, x->ld, &x->a, scratch, x->tg);
     free(scratch);
 }
 
 /* Inputs for case c, then the fp32 forward and backward on them. */
-static void attn_run_fp32(attn_bufs_t *x, const attn_case_t *c, test_rng_t *rng) {
+/* The fp32 attention tests run twice (cmocka prestate): block products in the micro-GEMM
+ * (NULL) and in MKL with a context per thread (skipped where MKL is not installed). */
+static gemm_ctx_t **attn_thread_gemm(void **state) {
+    if (!*state) return NULL;
+    int n = omp_get_max_threads();
+    gemm_ctx_t **tg = calloc((size_t)n, sizeof *tg);
+    for (int t = 0; t < n; t++) tg[t] = new_gemm_of(state);
+    return tg;
+}
+
+static void attn_thread_gemm_free(gemm_ctx_t **tg) {
+    if (!tg) return;
+    for (int t = 0; t < omp_get_max_threads(); t++) gemm_destroy(tg[t]);
+    free(tg);
+}
+
+static void attn_run_fp32(attn_bufs_t *x, const attn_case_t *c, test_rng_t *rng, gemm_ctx_t **tg) {
     attn_alloc(x, c, rng);
+    x->tg = tg;
     attn_forward(x);
     attn_backward(x);
 }
@@ -971,13 +997,14 @@ static const attn_case_t ATTN_CASES[] = {
  * float sums over ≤ S = 130 keys (~√S·ε/2 typical): ~1e-6 relative; bound 1e-5 on out.
  * lse ≲ log S + max score ≈ 6: a float holds it to 5e-7; bound 1e-5 absolute. */
 static void test_attention_forward(void **state) {
-    (void)state;
+    gemm_ctx_t **tg = attn_thread_gemm(state);
     test_rng_t rng = {70};
     static const attn_case_t extra[] = {{1, 1, 2, 1, 16}, {2, 64, 4, 1, 16}, {1, 5, 2, 2, 24}};
     for (size_t ci = 0; ci < 4 + 3; ci++) {
         const attn_case_t *c = ci < 4 ? &ATTN_CASES[ci] : &extra[ci - 4];
         attn_bufs_t x;
         attn_alloc(&x, c, &rng);
+        x.tg = tg;
         attn_forward(&x);
         assert_true(padding_intact(x.out, x.T, x.qw, x.ld_out, SENTINEL));
         float *ref = falloc((size_t)(x.T * x.ld_out)), *lse_ref = falloc((size_t)(c->B * c->H * c->S));
@@ -990,6 +1017,7 @@ static void test_attention_forward(void **state) {
         free(ref), free(lse_ref);
         attn_free(&x);
     }
+    attn_thread_gemm_free(tg);
 }
 
 /* Σ over query rows [i0, i1) of head h in batch b of out ⊙ R, in double from the float
@@ -1048,12 +1076,12 @@ static double attn_fd(attn_bufs_t *x, int64_t row, int64_t col, double h, double
  * queries times HD, each ~√n·ε/2 ≈ 1e-6 typical, ≤ 1e-5 worst; bound 1e-4 norm-wise. The
  * buffers start as the sentinel: written, not accumulated; padding survives. */
 static void test_attention_backward_fd(void **state) {
-    (void)state;
+    gemm_ctx_t **tg = attn_thread_gemm(state);
     test_rng_t rng = {71};
     for (size_t ci = 0; ci < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; ci++) {
         const attn_case_t *c = &ATTN_CASES[ci];
         attn_bufs_t x;
-        attn_run_fp32(&x, c, &rng);
+        attn_run_fp32(&x, c, &rng, tg);
         assert_true(padding_intact(x.dqkv, x.T, x.qw + 2 * x.kw, x.ld, SENTINEL));
         double *w = dalloc((size_t)c->S);
         static const char *names[3] = {"dq", "dk", "dv"};
@@ -1077,6 +1105,7 @@ static void test_attention_backward_fd(void **state) {
         free(w);
         attn_free(&x);
     }
+    attn_thread_gemm_free(tg);
 }
 
 /* The bf16 kernels against the fp32 ones on the same inputs. Rounding q, k, v, dO, P and dS
@@ -1090,11 +1119,11 @@ static void test_attention_bf16_vs_fp32(void **state) {
     int threads = omp_get_max_threads();
     char err[256];
     gemm_ctx_t **g = malloc((size_t)threads * sizeof *g);
-    for (int t = 0; t < threads; t++) assert_non_null(g[t] = gemm_create(err, sizeof err));
+    for (int t = 0; t < threads; t++) assert_non_null(g[t] = gemm_create(GEMM_LIB_AUTO, err, sizeof err));
     for (size_t ci = 0; ci < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; ci++) {
         const attn_case_t *c = &ATTN_CASES[ci];
         attn_bufs_t x;
-        attn_run_fp32(&x, c, &rng);
+        attn_run_fp32(&x, c, &rng, NULL);
         float *out32 = falloc((size_t)(x.T * x.ld_out)), *lse32 = falloc((size_t)(c->B * c->H * c->S));
         float *d32 = falloc((size_t)(x.T * x.ld));
         memcpy(out32, x.out, (size_t)(x.T * x.ld_out) * sizeof(float));
@@ -1213,12 +1242,15 @@ static void test_thread_determinism(void **state) {
 int main(void) {
     g_threads0 = omp_get_max_threads();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemm_vs_naive),
-        cmocka_unit_test(test_gemm_empty_k),
+        cmocka_unit_test_prestate(test_gemm_vs_naive, (void *)&LIB_ONEDNN),
+        cmocka_unit_test_prestate(test_gemm_vs_naive, (void *)&LIB_MKL),
+        cmocka_unit_test_prestate(test_gemm_empty_k, (void *)&LIB_ONEDNN),
+        cmocka_unit_test_prestate(test_gemm_empty_k, (void *)&LIB_MKL),
         cmocka_unit_test(test_transpose),
-        cmocka_unit_test(test_gemm_bf16_vs_naive),
+        cmocka_unit_test_prestate(test_gemm_bf16_vs_naive, (void *)&LIB_ONEDNN),
+        cmocka_unit_test_prestate(test_gemm_bf16_vs_naive, (void *)&LIB_MKL),
         cmocka_unit_test(test_bf16_rounding),
-        cmocka_unit_test(test_gemm_caches_primitives),
+        cmocka_unit_test_prestate(test_gemm_caches_primitives, (void *)&LIB_ONEDNN),
         cmocka_unit_test(test_microgemm_vs_naive),
         cmocka_unit_test(test_rmsnorm_forward),
         cmocka_unit_test(test_rmsnorm_backward_fd),
@@ -1235,7 +1267,9 @@ int main(void) {
         cmocka_unit_test(test_adamw_sum_squares),
         cmocka_unit_test(test_adamw_clip_scale),
         cmocka_unit_test(test_attention_forward),
+        cmocka_unit_test_prestate(test_attention_forward, (void *)&LIB_MKL),
         cmocka_unit_test(test_attention_backward_fd),
+        cmocka_unit_test_prestate(test_attention_backward_fd, (void *)&LIB_MKL),
         cmocka_unit_test(test_attention_scratch_linear),
         cmocka_unit_test(test_attention_bf16_vs_fp32),
         cmocka_unit_test(test_thread_determinism),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything stepscope builds and tests with, on Debian 12 as root: the C toolchain
 # and libraries from Debian, and a Python venv (.venv) with the readers the tests check our
-# files with (pytest, TensorBoard's event reader, XProf's XPlane converter).
+# files with (pytest, TensorBoard's event reader, XProf's XPlane converter) and Intel oneMKL,
+# which stepscope loads at run time for its matmuls on Intel CPUs (gemm_library=auto).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
@@ -13,4 +14,4 @@ apt-get install -y -qq gcc make pkg-config libopenmpi-dev openmpi-bin libdnnl-de
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/pip install -q --disable-pip-version-check pytest numpy tensorboard xprof
+.venv/bin/pip install -q --disable-pip-version-check pytest numpy tensorboard xprof mkl

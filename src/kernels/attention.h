@@ -13,7 +13,7 @@
 
 #include "kernels/gemm.h"
 
-enum { ATTN_QBLOCK = 64, ATTN_QBLOCK_BF16 = 128 };
+enum { ATTN_QBLOCK = 128, ATTN_QBLOCK_BF16 = 128 };
 
 typedef struct attn_shape {
     int64_t B, S, H, KV, HD;
@@ -22,15 +22,20 @@ typedef struct attn_shape {
 /* Floats of scratch the kernels need with num_threads threads. */
 int64_t attention_scratch_floats(const attn_shape_t *a, int num_threads);
 
+/* The fp32 kernels run their block products either in our AVX-512 micro-GEMM (thread_gemm
+ * NULL) or through the gemm library with one context per OpenMP thread of the calling team
+ * (thread_gemm[t]); the model passes contexts where the library is faster on these blocks
+ * (gemm_suits_attention_blocks). */
 void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
                        const float *k, int64_t ld_k, const float *v, int64_t ld_v,
-                       const attn_shape_t *a, float *scratch);
+                       const attn_shape_t *a, float *scratch, gemm_ctx_t *const *thread_gemm);
 
 /* dq, dk, dv are written (not accumulated). dout, out: [T, H·HD]. */
 void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
                         const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
                         const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
-                        const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch);
+                        const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch,
+                        gemm_ctx_t *const *thread_gemm);
 
 /* bf16 variants (dtype=bfloat16): the same contract and blocking, but q, k, v, dO and the
  * probability and dS blocks are rounded to bf16 for the block matmuls (fp32 accumulation),

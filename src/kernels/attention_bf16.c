@@ -91,10 +91,12 @@ void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float 
         rows_to_bf16(t.q16, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
         /* scores[nq, kend] = q·kᵀ; the 1/sqrt(HD) is applied in the softmax, in fp32 */
         gemm_bf16(g, false, true, nq, kend, HD, t.q16, HD, k16_of(scratch, a, b, kvh), HD, t.p, S, false);
-        attention_softmax_rows(t.p, S, i0, nq, kend, scale, lse + (b * H + h) * S, NULL);
+        float inv_sum[QB];
+        attention_softmax_rows(t.p, S, i0, nq, kend, scale, lse + (b * H + h) * S, NULL, inv_sum);
         strip_to_bf16(t.p16, t.p, S, nq, kend);
-        gemm_bf16(g, false, false, nq, HD, kend, t.p16, S, v16_of(scratch, a, b, kvh), HD,
-                  out + (b * S + i0) * ld_out + h * HD, ld_out, false);
+        float *op = out + (b * S + i0) * ld_out + h * HD;
+        gemm_bf16(g, false, false, nq, HD, kend, t.p16, S, v16_of(scratch, a, b, kvh), HD, op, ld_out, false);
+        attention_scale_rows(op, ld_out, nq, HD, inv_sum);
     }
 }
 
@@ -127,7 +129,7 @@ void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk,
                 rows_to_bf16(t.q16, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
                 rows_to_bf16(t.do16, dop, ld_dout, nq, HD);
                 gemm_bf16(g, false, true, nq, kend, HD, t.q16, HD, k16, HD, t.p, S, false);
-                attention_softmax_rows(t.p, S, i0, nq, kend, scale, NULL, row_lse);
+                attention_softmax_rows(t.p, S, i0, nq, kend, scale, NULL, row_lse, NULL);
                 gemm_bf16(g, false, true, nq, kend, HD, t.do16, HD, v16, HD, t.dp, S, false); /* dP = dO·Vᵀ */
                 for (int64_t r = 0; r < nq; r++) {
                     float di = 0.0f; /* Σ dO·O = Σ_j P·dP for this row */

@@ -5,11 +5,17 @@
 
 #include <stdint.h>
 
-/* Row r of strip [nq, ld] holds raw scores for query i = i0 + r against keys [0, kend). Turn
- * the visible part (keys 0..i) into probabilities exp(scale·s − lse) and zero the masked rest.
- * With lse_out, lse (in scaled units) is computed here (forward); else read from lse_in. */
+/* Row r of strip [nq, ld] holds raw scores for query i = i0 + r against keys [0, kend); the
+ * masked rest (keys past i) is zeroed.
+ * Backward (lse_in): the visible part becomes the probabilities exp(scale·s − lse).
+ * Forward (lse_out, row_inv_sum): lse (in scaled units) is computed and the rows are left
+ * unnormalised, exp(scale·s − max), with 1/Σ in row_inv_sum[r]: the caller scales the
+ * [nq, HD] output rows instead of the [nq, kend] probabilities (attention_scale_rows). */
 void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64_t kend, float scale,
-                            float *lse_out, const float *lse_in);
+                            float *lse_out, const float *lse_in, float *row_inv_sum);
+
+/* rows[r, 0..HD) *= row_scale[r] for r < nq (row stride ld). */
+void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const float *row_scale);
 
 /* dst[S, HD] = src rows [S, HD] (row stride ld), packed. */
 void attention_copy_rows(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD);

@@ -14,10 +14,36 @@
 
 typedef struct gemm_ctx gemm_ctx_t;
 
+/* Which library runs the products (config key gemm_library):
+ *   ONEDNN  oneDNN's matmul primitive (Debian's libdnnl), on every x86-64 CPU;
+ *   MKL     Intel oneMKL's cblas_sgemm / cblas_gemm_bf16bf16f32, loaded at run time (gemm_mkl.h);
+ *   AUTO    MKL on Intel CPUs where it loads, else oneDNN. On the Intel Xeon (AMX) VM MKL ran
+ *           the qwen3-0.6b shapes 1.23x faster in fp32 and 1.24x in bf16 (bench/gemm_shapes);
+ *           MKL's fast paths are Intel-only, so AMD keeps oneDNN. */
+typedef enum { GEMM_LIB_AUTO, GEMM_LIB_ONEDNN, GEMM_LIB_MKL } gemm_library_t;
+
+/* "auto" | "onednn" | "mkl" -> the enum; -1 for anything else. */
+int gemm_library_parse(const char *name);
+
 /* One context per compute thread team; it caches one primitive per distinct shape, so the
- * first call of a shape pays the library's set-up and later calls do not. NULL on failure. */
-gemm_ctx_t *gemm_create(char *err, size_t errlen);
+ * first call of a shape pays the library's set-up and later calls do not. NULL on failure,
+ * with a one-line message (e.g. gemm_library=mkl where MKL is not installed). */
+gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen);
 void gemm_destroy(gemm_ctx_t *g);
+
+/* The library this context runs: "onednn" or "mkl", and a description for the console. */
+const char *gemm_library_name(const gemm_ctx_t *g);
+const char *gemm_library_detail(const gemm_ctx_t *g);
+
+/* Whether the fp32 gradient forms dY·W and dYᵀ·X of a widening layer (in > 2·out) run at a
+ * fraction of the forward form's rate, so the model should transpose into the forward form
+ * first: oneDNN 2.x ran them at half rate; MKL does not need it. */
+bool gemm_wide_gradients_slow(const gemm_ctx_t *g);
+
+/* Whether fp32 attention should run its block products (64 queries × up to S keys × HD) in
+ * this library rather than in our micro-GEMM: MKL's small-matrix kernels beat it; oneDNN's
+ * per-shape primitives (a new one per key extent) do not. */
+bool gemm_suits_attention_blocks(const gemm_ctx_t *g);
 
 void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
               const float *A, int64_t lda, const float *B, int64_t ldb,

@@ -1,6 +1,8 @@
-/* gemm over oneDNN 2.x's matmul primitive. Every oneDNN call of the project lives here:
- * the 2.x C API (dnnl_matmul_desc_init, memory descs by strides) changed in 3.x. */
+/* gemm over oneDNN 2.x's matmul primitive, or handed to MKL (gemm_mkl.c) when that is the
+ * library. Every oneDNN call of the project lives here: the 2.x C API (dnnl_matmul_desc_init,
+ * memory descs by strides) changed in 3.x. */
 #include "kernels/gemm.h"
+#include "kernels/gemm_mkl.h"
 
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
@@ -20,22 +22,50 @@ struct gemm_ctx {
     gemm_entry_t *entries;
     int num_entries, cap_entries;
     int last_hit;
+    mkl_blas_t *mkl; /* set when MKL runs the products */
+    char detail[600];
 };
 
-gemm_ctx_t *gemm_create(char *err, size_t errlen) {
+int gemm_library_parse(const char *name) {
+    return !strcmp(name, "auto") ? GEMM_LIB_AUTO : !strcmp(name, "onednn") ? GEMM_LIB_ONEDNN
+           : !strcmp(name, "mkl") ? GEMM_LIB_MKL : -1;
+}
+
+gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     gemm_ctx_t *g = calloc(1, sizeof *g);
     if (!g) {
         snprintf(err, errlen, "out of memory creating the GEMM context");
         return NULL;
     }
+    if (lib == GEMM_LIB_MKL || (lib == GEMM_LIB_AUTO && __builtin_cpu_is("intel"))) {
+        char mkl_err[400];
+        g->mkl = mkl_blas_open(mkl_err, sizeof mkl_err);
+        if (!g->mkl && lib == GEMM_LIB_MKL) {
+            snprintf(err, errlen, "%s", mkl_err);
+            free(g);
+            return NULL;
+        }
+    }
+    if (g->mkl)
+        snprintf(g->detail, sizeof g->detail, "mkl (%s%s)", mkl_blas_path(g->mkl),
+                 mkl_has_bf16(g->mkl) ? "" : "; bf16 products on oneDNN");
+    else
+        snprintf(g->detail, sizeof g->detail, "onednn (%s)",
+                 lib == GEMM_LIB_AUTO && __builtin_cpu_is("intel") ? "MKL not found" : "matmul primitive");
     if (dnnl_engine_create(&g->engine, dnnl_cpu, 0) != dnnl_success ||
         dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags) != dnnl_success) {
         snprintf(err, errlen, "oneDNN could not create a CPU engine (is libdnnl2 installed?)");
+        mkl_blas_close(g->mkl);
         free(g);
         return NULL;
     }
     return g;
 }
+
+const char *gemm_library_name(const gemm_ctx_t *g) { return g->mkl ? "mkl" : "onednn"; }
+const char *gemm_library_detail(const gemm_ctx_t *g) { return g->detail; }
+bool gemm_wide_gradients_slow(const gemm_ctx_t *g) { return !g->mkl; }
+bool gemm_suits_attention_blocks(const gemm_ctx_t *g) { return g->mkl != NULL; }
 
 void gemm_destroy(gemm_ctx_t *g) {
     if (!g) return;
@@ -47,6 +77,7 @@ void gemm_destroy(gemm_ctx_t *g) {
         dnnl_primitive_destroy(e->prim);
     }
     free(g->entries);
+    mkl_blas_close(g->mkl);
     dnnl_stream_destroy(g->stream);
     dnnl_engine_destroy(g->engine);
     free(g);
@@ -75,6 +106,7 @@ static void matrix_desc(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int6
 }
 
 bool gemm_bf16_supported(gemm_ctx_t *g) {
+    if (g->mkl && mkl_has_bf16(g->mkl)) return true;
     /* oneDNN has bf16 matmul kernels only for AVX512 (BF16 instructions, or emulated on
      * AVX512-core) and AMX; elsewhere creating the primitive fails, so try one. */
     dnnl_memory_desc_t a_md, b_md, c_md;
@@ -172,6 +204,10 @@ static void run(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const voi
 void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
               const float *A, int64_t lda, const float *B, int64_t ldb,
               float *C, int64_t ldc, bool accumulate) {
+    if (g->mkl && M > 0 && N > 0 && K > 0) {
+        mkl_sgemm(g->mkl, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+        return;
+    }
     gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate,
                         .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
     run(g, &key, A, B, C);
@@ -180,6 +216,10 @@ void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, i
 void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate) {
+    if (g->mkl && M > 0 && N > 0 && K > 0 && mkl_has_bf16(g->mkl)) {
+        mkl_gemm_bf16(g->mkl, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+        return;
+    }
     gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate, .bf16_inputs = true,
                         .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
     run(g, &key, A, B, C);

@@ -276,14 +276,16 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
         qwen3_destroy(m);
         return NULL;
     }
-    if (opt->bf16) {
+    /* Per-thread contexts for attention's block products: always in bf16 (its only bf16
+     * matmul path), in fp32 where the library beats our micro-GEMM on those blocks. */
+    if (opt->bf16 || gemm_suits_attention_blocks(gemm)) {
         if (!(m->thread_gemm = calloc((size_t)opt->num_threads, sizeof *m->thread_gemm))) {
             snprintf(err, errlen, "out of memory creating the model");
             qwen3_destroy(m);
             return NULL;
         }
         for (int t = 0; t < opt->num_threads; t++)
-            if (!(m->thread_gemm[t] = gemm_create(err, errlen))) {
+            if (!(m->thread_gemm[t] = gemm_create(opt->gemm_library, err, errlen))) {
                 qwen3_destroy(m);
                 return NULL;
             }
@@ -346,7 +348,7 @@ static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const flo
              gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, out, weight16(m, W), in, dx, in, false));
         return;
     }
-    if (wide_layer(out, in) && m->s.x_t) {
+    if (wide_layer(out, in) && m->s.x_t && gemm_wide_gradients_slow(m->gemm)) {
         scratch_t *s = &m->s;
         SPAN(m, m->names.fwd[OP_TRANSPOSE], 0, {
             transpose_f32(s->dy_t, T, dy, out, T, out);
@@ -416,7 +418,7 @@ static void layer_forward(qwen3_model_t *m, int64_t l, const float *x, float *x_
     else
         SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
              attention_forward(a->attn, d->H * d->HD, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
-                               a->qkv + (d->H + d->KV) * d->HD, QKV, &as, m->s.attention));
+                               a->qkv + (d->H + d->KV) * d->HD, QKV, &as, m->s.attention, m->thread_gemm));
     copy_rows(m, a->x2, x, T * d->D);
     linear_fwd(m, OP_O_PROJ, a->x2, a->attn, w->o_proj, T, d->D, d->H * d->HD, true);
     SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(m->s.ln, d->D, a->rstd2, a->x2, d->D, w->post_norm, T, 1, d->D, (float)d->eps));
@@ -454,7 +456,8 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     else
         SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
              attention_backward(s->dqkv, QKV, s->dqkv + HHD, QKV, s->dqkv + QK, QKV, s->dattn, HHD, a->attn, HHD,
-                                a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, QKV, &as, s->attention));
+                                a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, QKV, &as, s->attention,
+                                m->thread_gemm));
     SPAN(m, m->names.bwd[OP_ROPE], 0, rope_backward(s->dqkv, QKV, s->rope_cos, s->rope_sin, d->B, d->S, d->H + d->KV, d->HD));
     if (d->qk_norm) {
         SPAN(m, m->names.bwd[OP_QK_NORM], 0, {

@@ -34,7 +34,8 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     s->norm_partials = (double *)((char *)s->adam_m + 2 * (uint64_t)cap * sizeof(float));
     /* The reduced shard sits after the full local gradients; with one shard they are one. */
     s->grad_shard = plan->shard_ranks > 1 ? s->grads + n : s->grads + s->shard_lo;
-    if (!(s->gemm = gemm_create(err, errlen))) {
+    gemm_library_t lib = (gemm_library_t)gemm_library_parse(cfg->gemm_library);
+    if (!(s->gemm = gemm_create(lib, err, errlen))) {
         train_state_destroy(s);
         return 1;
     }
@@ -55,7 +56,7 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     if (s->params_bf16) bf16_from_f32_array(s->params_bf16, s->params, n);
     qwen3_options_t opt = {.num_threads = plan->num_threads, .remat = plan->remat,
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
-                           .bf16 = plan->bf16, .trace = trace};
+                           .bf16 = plan->bf16, .gemm_library = lib, .trace = trace};
     if (par && comm_size(par->world) > 1) {
         zero_options_t zo = {.world = par->world, .shard = par->shard, .replica = par->replica, .num_params = n,
                              .params = s->params, .grads = s->grads, .grad_shard = s->grad_shard, .trace = trace,
