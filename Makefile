@@ -34,7 +34,11 @@ SANFLAGS :=
 OPT     := -O3 -g
 endif
 # -Wno-format-truncation: paths and messages are bounded on purpose; a cut message is not a bug.
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) $(MARCH) -fopenmp -Wall -Wextra -Werror -Wno-format-truncation -Isrc -MMD -MP
+# -fno-math-errno: sqrtf and friends then need not set errno (nothing here reads it), so gcc
+# vectorises loops that call them; without it AdamW's update ran one element at a time
+# (vsqrtss/vdivss) at 12-16 GB/s where the same loop vectorised streams 40-53 GB/s. Results
+# are unchanged: the vector sqrt and divide round exactly as the scalar ones.
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) $(MARCH) -fopenmp -fno-math-errno -Wall -Wextra -Werror -Wno-format-truncation -Isrc -MMD -MP
 LDLIBS  := -ldnnl -lyaml -lcjson -lz -lm -lpthread -ldl $(MPI_LIBS)
 # Where gemm_mkl.c looks for libmkl_rt first (tools/install_deps.sh pip-installs `mkl` into the
 # venv). The valgrind build leaves it out: MKL's start-up probing is not what valgrind checks.
@@ -61,7 +65,7 @@ endif
 all: $(BUILD)/stepscope $(TEST_BIN) $(BENCH_BIN)
 bench: $(BENCH_BIN)
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c Makefile
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
