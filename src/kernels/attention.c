@@ -17,9 +17,11 @@
  * reads 128 contiguous bytes per step. Read in place, a head's rows sit a fused row apart
  * (16 KiB for qwen3-0.6b) and Kᵀ's rows S floats apart: every step of the walk landed on
  * another page and in the same L1 set, and the kernel ran at half its rate.
- * Then per thread two [ATTN_QBLOCK, S] strips (probabilities and their gradient) and, for
- * the same reason, the query block and its output gradient packed as [ATTN_QBLOCK, HD]
- * (backward). The strips' row stride ld_s is S rounded up to 16, plus 16 floats: dK and dV
+ * Then per thread: the query heads of one kv head (GQA's group) are stacked, so each block
+ * product has group·ATTN_QBLOCK rows against that kv head's K or V (twice the rows per call
+ * for qwen3's group of 2, the same keys read once): two [group·ATTN_QBLOCK, S] strips
+ * (probabilities and their gradient), and the stacked query block, output gradient and
+ * output [group·ATTN_QBLOCK, HD]. The strips' row stride ld_s is S rounded up to 16, plus 16 floats: dK and dV
  * walk the strips down a column, and at a stride of exactly 4 KiB every row maps to one L1
  * set; 64 bytes more puts consecutive rows in consecutive sets. */
 enum { PANEL = 32 };
@@ -27,8 +29,9 @@ static int64_t strided_s(int64_t S) { return (S + 15) / 16 * 16 + 16; }
 static int64_t panel_floats(const attn_shape_t *a) {
     return (a->HD + PANEL - 1) / PANEL * PANEL * ((a->S + PANEL - 1) / PANEL * PANEL);
 }
+static int64_t stack_rows(const attn_shape_t *a) { return a->H / a->KV * ATTN_QBLOCK; }
 static int64_t per_thread_floats(const attn_shape_t *a) {
-    return 2 * ATTN_QBLOCK * strided_s(a->S) + 2 * ATTN_QBLOCK * a->HD;
+    return 2 * stack_rows(a) * strided_s(a->S) + 3 * stack_rows(a) * a->HD;
 }
 
 int64_t attention_scratch_floats(const attn_shape_t *a, int num_threads) {
@@ -154,38 +157,73 @@ void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const
         for (int64_t d = 0; d < HD; d++) rows[r * ld + d] *= row_scale[r];
 }
 
+/* Rows [i0, i0 + nq) of query heads h0 .. h0 + group − 1, stacked head after head, into
+ * dst [group·nq, HD]. */
+static void stack_heads(float *dst, const float *src, int64_t ld, int64_t row0, int64_t h0, int64_t group,
+                        int64_t nq, int64_t HD) {
+    for (int64_t g = 0; g < group; g++) attention_copy_rows(dst + g * nq * HD, src + row0 * ld + (h0 + g) * HD, ld, nq, HD);
+}
+
+/* The inverse: stacked src [group·nq, HD] back to each head's rows of dst. */
+static void unstack_heads(float *dst, int64_t ld, const float *src, int64_t row0, int64_t h0, int64_t group,
+                          int64_t nq, int64_t HD) {
+    for (int64_t g = 0; g < group; g++)
+        for (int64_t r = 0; r < nq; r++)
+            memcpy(dst + (row0 + r) * ld + (h0 + g) * HD, src + (g * nq + r) * HD, (size_t)HD * sizeof(float));
+}
+
+/* C[M, N] = A[M, K]·Bᵀ where B is [N, K]: through the library (B as K or V rows, [S, HD]) or
+ * the micro-GEMM (B as its packed Kᵀ or Vᵀ panels). alpha applies to the micro-GEMM only:
+ * the library path folds the scale into the softmax. */
+static void block_nt(gemm_ctx_t *g, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                     const float *rows, const float *panels, float *C, int64_t ldc) {
+    if (g) gemm_f32(g, false, true, M, N, K, A, lda, rows, K, C, ldc, false);
+    else microgemm_packed_b(M, N, K, alpha, A, lda, 1, panels, K * PANEL, C, ldc, false);
+}
+
+/* C[M, HD] = A[M, K]·B[K, HD] with B the K or V rows [S, HD] (library) or their packed
+ * panels (micro-GEMM, S·PANEL per panel). */
+static void block_nn(gemm_ctx_t *g, int64_t M, int64_t HD, int64_t K, int64_t S, const float *A, int64_t lda,
+                     const float *rows_or_panels, float *C, int64_t ldc) {
+    if (g) gemm_f32(g, false, false, M, HD, K, A, lda, rows_or_panels, HD, C, ldc, false);
+    else microgemm_packed_b(M, HD, K, 1.0f, A, lda, 1, rows_or_panels, S * PANEL, C, ldc, false);
+}
+
+/* C[kend, HD] += Aᵀ·B with A [M, kend] (row stride lda) and B [M, HD]. */
+static void block_tn_acc(gemm_ctx_t *g, int64_t kend, int64_t HD, int64_t M, const float *A, int64_t lda,
+                         const float *B, float *C, int64_t ldc) {
+    if (g) gemm_f32(g, true, false, kend, HD, M, A, lda, B, HD, C, ldc, true);
+    else microgemm(kend, HD, M, 1.0f, A, 1, lda, B, HD, C, ldc, true);
+}
+
 void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
                        const float *k, int64_t ld_k, const float *v, int64_t ld_v,
                        const attn_shape_t *a, float *scratch, gemm_ctx_t *const *thread_gemm) {
-    const int64_t B = a->B, S = a->S, H = a->H, HD = a->HD, group = a->H / a->KV;
+    const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, group = a->H / a->KV;
     const int64_t qblocks = (S + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
     const float scale = 1.0f / sqrtf((float)HD);
     const int64_t ls = strided_s(S);
     pack_kv(scratch, a, k, ld_k, v, ld_v, false, thread_gemm != NULL);
-    /* Later query blocks see more keys: hand them out dynamically, longest first. */
+    /* One task per (batch, kv head, query block), the group's heads stacked. Later query
+     * blocks see more keys: hand them out dynamically, longest first. */
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t task = 0; task < B * H * qblocks; task++) {
-        int64_t qb = qblocks - 1 - task % qblocks, bh = task / qblocks;
-        int64_t b = bh / H, h = bh % H, kvh = h / group;
+    for (int64_t task = 0; task < B * KV * qblocks; task++) {
+        int64_t qb = qblocks - 1 - task % qblocks, bk = task / qblocks;
+        int64_t b = bk / KV, kvh = bk % KV, h0 = kvh * group;
         int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK;
-        int64_t kend = i0 + nq;
-        float *strip = strips_of(scratch, a);
-        const float *qp = q + (b * S + i0) * ld_q + h * HD;
-        float *op = out + (b * S + i0) * ld_out + h * HD;
-        float inv_sum[ATTN_QBLOCK];
-        if (thread_gemm) {
-            gemm_ctx_t *g = thread_gemm[omp_get_thread_num()];
-            gemm_f32(g, false, true, nq, kend, HD, qp, ld_q, kc_of(scratch, a, b, kvh), HD, strip, ls, false);
-            attention_softmax_rows(strip, ls, i0, nq, kend, scale, lse + (b * H + h) * S, NULL, inv_sum);
-            gemm_f32(g, false, false, nq, HD, kend, strip, ls, v_of(scratch, a, b, kvh), HD, op, ld_out, false);
-        } else {
-            microgemm_packed_b(nq, kend, HD, scale, qp, ld_q, 1, kt_of(scratch, a, b, kvh), HD * PANEL, strip, ls,
-                               false);
-            attention_softmax_rows(strip, ls, i0, nq, kend, 1.0f, lse + (b * H + h) * S, NULL, inv_sum);
-            microgemm_packed_b(nq, HD, kend, 1.0f, strip, ls, 1, v_of(scratch, a, b, kvh), S * PANEL, op, ld_out,
-                               false);
-        }
-        attention_scale_rows(op, ld_out, nq, HD, inv_sum);
+        int64_t kend = i0 + nq, rows = group * nq;
+        gemm_ctx_t *g = thread_gemm ? thread_gemm[omp_get_thread_num()] : NULL;
+        float *strip = strips_of(scratch, a), *q_stack = strip + 2 * stack_rows(a) * ls;
+        float *o_stack = q_stack + 2 * stack_rows(a) * HD;
+        stack_heads(q_stack, q, ld_q, b * S + i0, h0, group, nq, HD);
+        block_nt(g, rows, kend, HD, scale, q_stack, HD, kc_of(scratch, a, b, kvh), kt_of(scratch, a, b, kvh), strip, ls);
+        float *inv_sum = strip + stack_rows(a) * ls; /* the second strip is free in forward */
+        for (int64_t gi = 0; gi < group; gi++) /* per head: its own lse row, the same causal mask */
+            attention_softmax_rows(strip + gi * nq * ls, ls, i0, nq, kend, g ? scale : 1.0f,
+                                   lse + (b * H + h0 + gi) * S, NULL, inv_sum + gi * nq);
+        block_nn(g, rows, HD, kend, S, strip, ls, v_of(scratch, a, b, kvh), o_stack, HD);
+        attention_scale_rows(o_stack, HD, rows, HD, inv_sum);
+        unstack_heads(out, ld_out, o_stack, b * S + i0, h0, group, nq, HD);
     }
 }
 
@@ -200,60 +238,47 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
     const int64_t ls = strided_s(S);
     pack_kv(scratch, a, k, ld_k, v, ld_v, true, thread_gemm != NULL);
     /* One task per (batch, kv head): it alone writes that head's dk and dv, summing over its
-     * query heads and blocks in a fixed order, so no atomics and the same bits for any
-     * thread count. */
+     * query blocks in a fixed order, so no atomics and the same bits for any thread count. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * KV; task++) {
-        int64_t b = task / KV, kvh = task % KV;
+        int64_t b = task / KV, kvh = task % KV, h0 = kvh * group;
         gemm_ctx_t *g = thread_gemm ? thread_gemm[omp_get_thread_num()] : NULL;
-        float *p = strips_of(scratch, a), *dp = p + ATTN_QBLOCK * ls;
-        float *q_pack = dp + ATTN_QBLOCK * ls, *dout_pack = q_pack + ATTN_QBLOCK * HD;
+        int64_t max_rows = stack_rows(a);
+        float *p = strips_of(scratch, a), *dp = p + max_rows * ls;
+        float *q_stack = dp + max_rows * ls, *do_stack = q_stack + max_rows * HD, *dq_stack = do_stack + max_rows * HD;
         float *dkp = dk + b * S * ld_dk + kvh * HD, *dvp = dv + b * S * ld_dv + kvh * HD;
         for (int64_t s = 0; s < S; s++) {
             memset(dkp + s * ld_dk, 0, (size_t)HD * sizeof(float));
             memset(dvp + s * ld_dv, 0, (size_t)HD * sizeof(float));
         }
         const float *kp = kc_of(scratch, a, b, kvh), *vp = v_of(scratch, a, b, kvh), *ktp = kt_of(scratch, a, b, kvh);
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-            const float *row_lse = lse + (b * H + h) * S;
-            for (int64_t qb = 0; qb < qblocks; qb++) {
-                int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK;
-                int64_t kend = i0 + nq;
-                const float *op = out + (b * S + i0) * ld_out + h * HD;
-                float *dqp = dq + (b * S + i0) * ld_dq + h * HD;
-                attention_copy_rows(q_pack, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
-                attention_copy_rows(dout_pack, dout + (b * S + i0) * ld_dout + h * HD, ld_dout, nq, HD);
-                const float *qp = q_pack, *dop = dout_pack;
-                /* P (recomputed) and dP = dO·Vᵀ */
-                if (g) {
-                    gemm_f32(g, false, true, nq, kend, HD, qp, HD, kp, HD, p, ls, false);
-                    attention_softmax_rows(p, ls, i0, nq, kend, scale, NULL, row_lse, NULL);
-                    gemm_f32(g, false, true, nq, kend, HD, dop, HD, vp, HD, dp, ls, false);
-                } else {
-                    microgemm_packed_b(nq, kend, HD, scale, qp, HD, 1, ktp, HD * PANEL, p, ls, false);
-                    attention_softmax_rows(p, ls, i0, nq, kend, 1.0f, NULL, row_lse, NULL);
-                    microgemm_packed_b(nq, kend, HD, 1.0f, dop, HD, 1, vp, HD * PANEL, dp, ls, false);
-                }
-                /* dS = P∘(dP − Σ dO·O), times the score scale here so the products below need
-                 * no alpha. */
-                for (int64_t r = 0; r < nq; r++) {
-                    float di = 0.0f;
-                    for (int64_t d = 0; d < HD; d++) di += dop[r * HD + d] * op[r * ld_out + d];
-                    float *prow = p + r * ls, *dprow = dp + r * ls;
+        for (int64_t qb = 0; qb < qblocks; qb++) {
+            int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK;
+            int64_t kend = i0 + nq, rows = group * nq;
+            stack_heads(q_stack, q, ld_q, b * S + i0, h0, group, nq, HD);
+            stack_heads(do_stack, dout, ld_dout, b * S + i0, h0, group, nq, HD);
+            /* P (recomputed) and dP = dO·Vᵀ */
+            block_nt(g, rows, kend, HD, scale, q_stack, HD, kp, ktp, p, ls);
+            for (int64_t gi = 0; gi < group; gi++)
+                attention_softmax_rows(p + gi * nq * ls, ls, i0, nq, kend, g ? scale : 1.0f, NULL,
+                                       lse + (b * H + h0 + gi) * S, NULL);
+            block_nt(g, rows, kend, HD, 1.0f, do_stack, HD, vp, vp, dp, ls); /* V rows or Vᵀ panels */
+            /* dS = P∘(dP − Σ dO·O), times the score scale here so the products below need no
+             * alpha. */
+            for (int64_t r = 0; r < rows; r++) {
+                const float *orow = out + (b * S + i0 + r % nq) * ld_out + (h0 + r / nq) * HD;
+                const float *dorow = do_stack + r * HD;
+                float di = 0.0f;
+                for (int64_t d = 0; d < HD; d++) di += dorow[d] * orow[d];
+                float *prow = p + r * ls, *dprow = dp + r * ls;
 #pragma omp simd
-                    for (int64_t j = 0; j < kend; j++) dprow[j] = scale * prow[j] * (dprow[j] - di);
-                }
-                /* dQ = dS·K, dK += dSᵀ·Q, dV += Pᵀ·dO */
-                if (g) {
-                    gemm_f32(g, false, false, nq, HD, kend, dp, ls, kp, HD, dqp, ld_dq, false);
-                    gemm_f32(g, true, false, kend, HD, nq, dp, ls, qp, HD, dkp, ld_dk, true);
-                    gemm_f32(g, true, false, kend, HD, nq, p, ls, dop, HD, dvp, ld_dv, true);
-                } else {
-                    microgemm_packed_b(nq, HD, kend, 1.0f, dp, ls, 1, kp, S * PANEL, dqp, ld_dq, false);
-                    microgemm(kend, HD, nq, 1.0f, dp, 1, ls, qp, HD, dkp, ld_dk, true);
-                    microgemm(kend, HD, nq, 1.0f, p, 1, ls, dop, HD, dvp, ld_dv, true);
-                }
+                for (int64_t j = 0; j < kend; j++) dprow[j] = scale * prow[j] * (dprow[j] - di);
             }
+            /* dQ = dS·K, dK += dSᵀ·Q, dV += Pᵀ·dO */
+            block_nn(g, rows, HD, kend, S, dp, ls, kp, dq_stack, HD);
+            unstack_heads(dq, ld_dq, dq_stack, b * S + i0, h0, group, nq, HD);
+            block_tn_acc(g, kend, HD, rows, dp, ls, q_stack, dkp, ld_dk);
+            block_tn_acc(g, kend, HD, rows, p, ls, do_stack, dvp, ld_dv);
         }
     }
 }
