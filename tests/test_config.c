@@ -296,7 +296,8 @@ static void test_out_of_range(void **state) {
         {"adam_eps=0", "adam_eps=0", "> 0"},
         {"learning_rate=-1", "learning_rate=-1", ">= 0"},
         {"prefetch_depth=0", "prefetch_depth=0", ">= 1"},
-        {"num_threads=-2", "num_threads=-2", ">= 0"},
+        {"num_threads=-2", "num_threads=-2", "[0, 1025)"},
+        {"num_threads=1025", "num_threads=1025", "[0, 1025)"},
         {"memory_limit_gib=-1", "memory_limit_gib=-1", ">= 0"},
     };
     for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {

@@ -341,6 +341,8 @@ def test_refuses_unknown_key(tmp_path):
     ("use_qk_norm=maybe", ["use_qk_norm", "not a bool"]),
     ("dataset_type=parquet", ["dataset_type=parquet", "not allowed", "synthetic"]),
     ("remat_policy=some", ["remat_policy=some", "not allowed", "minimal"]),
+    ("gemm_library=blis", ["gemm_library=blis", "not allowed", "onednn"]),
+    ("num_threads=100000", ["num_threads", "out of range", "[0, 1025)"]),
     ("stepsx", ["malformed override", "key=value"]),
 ])
 def test_refuses_bad_values(tmp_path, arg, needles):
