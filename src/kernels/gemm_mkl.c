@@ -9,6 +9,7 @@
 /* CBLAS and MKL service constants (mkl_cblas.h, mkl_service.h): MKL is loaded, not linked,
  * so its headers are not needed to build. */
 enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112, MKL_THREADING_GNU = 3 };
+enum { MKL_CBWR_AUTO = 2, MKL_CBWR_STRICT = 0x10000, MKL_CBWR_SUCCESS = 0 };
 
 typedef void (*sgemm_fn)(int layout, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                          const float *B, int ldb, float beta, float *C, int ldc);
@@ -67,11 +68,12 @@ mkl_blas_t *mkl_blas_open(char *err, size_t errlen) {
     }
     int (*set_threading_layer)(int) = (int (*)(int))dlsym(mkl->lib, "MKL_Set_Threading_Layer");
     void (*set_dynamic)(int) = (void (*)(int))dlsym(mkl->lib, "MKL_Set_Dynamic");
+    int (*cbwr_set)(int) = (int (*)(int))dlsym(mkl->lib, "MKL_CBWR_Set");
     mkl->sgemm = (sgemm_fn)dlsym(mkl->lib, "cblas_sgemm");
     mkl->gemm_bf16 = (gemm_bf16_fn)dlsym(mkl->lib, "cblas_gemm_bf16bf16f32");
-    if (!set_threading_layer || !set_dynamic || !mkl->sgemm) {
-        snprintf(err, errlen, "gemm_library=mkl: %s lacks MKL_Set_Threading_Layer, MKL_Set_Dynamic or cblas_sgemm; "
-                 "reinstall the `mkl` wheel or use gemm_library=onednn", mkl->path);
+    if (!set_threading_layer || !set_dynamic || !cbwr_set || !mkl->sgemm) {
+        snprintf(err, errlen, "gemm_library=mkl: %s lacks MKL_Set_Threading_Layer, MKL_Set_Dynamic, MKL_CBWR_Set or "
+                 "cblas_sgemm; reinstall the `mkl` wheel or use gemm_library=onednn", mkl->path);
         /* Not dlclose'd: a half-initialised MKL may have started threads. */
         free(mkl);
         return NULL;
@@ -80,6 +82,16 @@ mkl_blas_t *mkl_blas_open(char *err, size_t errlen) {
      * thread pools fighting for two cores. */
     set_threading_layer(MKL_THREADING_GNU);
     set_dynamic(0);
+    /* Strict conditional numerical reproducibility: by default MKL splits some products
+     * differently by thread count (a 2-layer qwen3-0.6b's gradient norm moved in the 8th digit
+     * between num_threads=1 and 2), and stepscope's results must not depend on the thread
+     * count. */
+    if (cbwr_set(MKL_CBWR_AUTO | MKL_CBWR_STRICT) != MKL_CBWR_SUCCESS) {
+        snprintf(err, errlen, "gemm_library=mkl: %s refused strict reproducible mode (MKL_CBWR_Set); use "
+                 "gemm_library=onednn", mkl->path);
+        free(mkl);
+        return NULL;
+    }
     return mkl;
 }
 
