@@ -515,6 +515,14 @@ def test_gemm_library_choice(tmp_path):
         assert abs(a - b) <= 1e-4 * abs(a), (a, b)
 
 
+def assert_same_bits(tmp_path, run_a, run_b):
+    """Two runs' losses and gradient norms, compared as the exact decimal text written."""
+    _, a = read_metrics(tmp_path, run_a)
+    _, b = read_metrics(tmp_path, run_b)
+    assert raw_losses(a) == raw_losses(b)
+    assert [json.loads(l)["learning/raw_grad_norm"] for l in a] == [json.loads(l)["learning/raw_grad_norm"] for l in b]
+
+
 def test_thread_count_does_not_change_results(tmp_path):
     rng = np.random.default_rng(1)
     f = write_tokens(tmp_path / "ids.bin", rng.integers(0, 256, size=5000))
@@ -522,15 +530,8 @@ def test_thread_count_does_not_change_results(tmp_path):
         train(tmp_path, "steps=4", f"num_threads={n}", run_name=f"t{n}")
         train(tmp_path, "steps=3", f"num_threads={n}", "dataset_type=tokens", f"dataset_path={f}",
               run_name=f"k{n}")
-    _, t1 = read_metrics(tmp_path, "t1")
-    _, t2 = read_metrics(tmp_path, "t2")
-    assert raw_losses(t1) == raw_losses(t2)
-    _, k1 = read_metrics(tmp_path, "k1")
-    _, k2 = read_metrics(tmp_path, "k2")
-    assert raw_losses(k1) == raw_losses(k2)
-    g1 = [json.loads(l)["learning/raw_grad_norm"] for l in t1]
-    g2 = [json.loads(l)["learning/raw_grad_norm"] for l in t2]
-    assert g1 == g2
+    assert_same_bits(tmp_path, "t1", "t2")
+    assert_same_bits(tmp_path, "k1", "k2")
 
 
 def test_thread_count_does_not_change_results_at_real_width(tmp_path):
@@ -544,12 +545,7 @@ def test_thread_count_does_not_change_results_at_real_width(tmp_path):
     for n in (1, 2):
         r = stepscope(tmp_path, *args, f"num_threads={n}", f"run_name=w{n}", timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
-    _, w1 = read_metrics(tmp_path, "w1")
-    _, w2 = read_metrics(tmp_path, "w2")
-    assert raw_losses(w1) == raw_losses(w2)
-    g1 = [json.loads(l)["learning/raw_grad_norm"] for l in w1]
-    g2 = [json.loads(l)["learning/raw_grad_norm"] for l in w2]
-    assert g1 == g2
+    assert_same_bits(tmp_path, "w1", "w2")
 
 
 # ---- 5. the loss of step N is read only after step N+1 has started ----------------------------
