@@ -22,7 +22,7 @@ struct gemm_ctx {
     gemm_entry_t *entries;
     int num_entries, cap_entries;
     int last_hit;
-    mkl_blas_t *mkl; /* set when MKL runs the products */
+    const mkl_blas_t *mkl; /* set when MKL runs the products */
     char detail[600];
 };
 
@@ -37,7 +37,8 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
         snprintf(err, errlen, "out of memory creating the GEMM context");
         return NULL;
     }
-    if (lib == GEMM_LIB_MKL || (lib == GEMM_LIB_AUTO && __builtin_cpu_is("intel"))) {
+    bool auto_wants_mkl = lib == GEMM_LIB_AUTO && __builtin_cpu_is("intel");
+    if (lib == GEMM_LIB_MKL || auto_wants_mkl) {
         char mkl_err[400];
         g->mkl = mkl_blas_open(mkl_err, sizeof mkl_err);
         if (!g->mkl && lib == GEMM_LIB_MKL) {
@@ -51,11 +52,10 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
                  mkl_has_bf16(g->mkl) ? "" : "; bf16 products on oneDNN");
     else
         snprintf(g->detail, sizeof g->detail, "onednn (%s)",
-                 lib == GEMM_LIB_AUTO && __builtin_cpu_is("intel") ? "MKL not found" : "matmul primitive");
+                 auto_wants_mkl ? "MKL not found" : "matmul primitive");
     if (dnnl_engine_create(&g->engine, dnnl_cpu, 0) != dnnl_success ||
         dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags) != dnnl_success) {
         snprintf(err, errlen, "oneDNN could not create a CPU engine (is libdnnl2 installed?)");
-        mkl_blas_close(g->mkl);
         free(g);
         return NULL;
     }
@@ -77,7 +77,6 @@ void gemm_destroy(gemm_ctx_t *g) {
         dnnl_primitive_destroy(e->prim);
     }
     free(g->entries);
-    mkl_blas_close(g->mkl);
     dnnl_stream_destroy(g->stream);
     dnnl_engine_destroy(g->engine);
     free(g);

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,7 @@ typedef void (*gemm_bf16_fn)(int layout, int ta, int tb, int M, int N, int K, fl
 struct mkl_blas {
     void *lib;
     sgemm_fn sgemm;
-    gemm_bf16_fn gemm_bf16;
+    gemm_bf16_fn gemm_bf16; /* NULL unless this MKL has it and the CPU runs bf16 natively */
     char path[512];
 };
 
@@ -48,12 +49,17 @@ static void *open_first(char *path, size_t pathlen) {
     return NULL;
 }
 
-mkl_blas_t *mkl_blas_open(char *err, size_t errlen) {
-    mkl_blas_t *mkl = calloc(1, sizeof *mkl);
-    if (!mkl) {
-        snprintf(err, errlen, "out of memory loading MKL");
-        return NULL;
-    }
+/* MKL's threading and reproducibility settings are the process's, and must be made before its
+ * first product: it is loaded and set up once, and every gemm context shares the result. */
+static mkl_blas_t the_mkl;
+static char the_mkl_error[600];
+static bool the_mkl_ok;
+static pthread_once_t the_mkl_once = PTHREAD_ONCE_INIT;
+
+static void load_once(void) {
+    mkl_blas_t *mkl = &the_mkl;
+    char *err = the_mkl_error;
+    size_t errlen = sizeof the_mkl_error;
     if (!(mkl->lib = open_first(mkl->path, sizeof mkl->path))) {
         const char *chosen = getenv("STEPSCOPE_MKL_LIBRARY");
         if (chosen && chosen[0])
@@ -63,20 +69,20 @@ mkl_blas_t *mkl_blas_open(char *err, size_t errlen) {
             snprintf(err, errlen, "gemm_library=mkl: libmkl_rt.so not found (in %s or the loader's path); install "
                      "it with `.venv/bin/pip install mkl` (tools/install_deps.sh does) or use gemm_library=onednn",
                      STEPSCOPE_MKL_DIR[0] ? STEPSCOPE_MKL_DIR : "no venv");
-        free(mkl);
-        return NULL;
+        return;
     }
     int (*set_threading_layer)(int) = (int (*)(int))dlsym(mkl->lib, "MKL_Set_Threading_Layer");
     void (*set_dynamic)(int) = (void (*)(int))dlsym(mkl->lib, "MKL_Set_Dynamic");
     int (*cbwr_set)(int) = (int (*)(int))dlsym(mkl->lib, "MKL_CBWR_Set");
     mkl->sgemm = (sgemm_fn)dlsym(mkl->lib, "cblas_sgemm");
-    mkl->gemm_bf16 = (gemm_bf16_fn)dlsym(mkl->lib, "cblas_gemm_bf16bf16f32");
+    /* MKL emulates bf16 on older CPUs at a fraction of fp32's speed; only take it where the
+     * CPU has the instructions. */
+    if (__builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16"))
+        mkl->gemm_bf16 = (gemm_bf16_fn)dlsym(mkl->lib, "cblas_gemm_bf16bf16f32");
     if (!set_threading_layer || !set_dynamic || !cbwr_set || !mkl->sgemm) {
         snprintf(err, errlen, "gemm_library=mkl: %s lacks MKL_Set_Threading_Layer, MKL_Set_Dynamic, MKL_CBWR_Set or "
                  "cblas_sgemm; reinstall the `mkl` wheel or use gemm_library=onednn", mkl->path);
-        /* Not dlclose'd: a half-initialised MKL may have started threads. */
-        free(mkl);
-        return NULL;
+        return; /* not dlclose'd: a half-initialised MKL may have started threads */
     }
     /* Before any other MKL call: its own OpenMP (libiomp5) beside libgomp would give two
      * thread pools fighting for two cores. */
@@ -89,15 +95,18 @@ mkl_blas_t *mkl_blas_open(char *err, size_t errlen) {
     if (cbwr_set(MKL_CBWR_AUTO | MKL_CBWR_STRICT) != MKL_CBWR_SUCCESS) {
         snprintf(err, errlen, "gemm_library=mkl: %s refused strict reproducible mode (MKL_CBWR_Set); use "
                  "gemm_library=onednn", mkl->path);
-        free(mkl);
-        return NULL;
+        return;
     }
-    return mkl;
+    the_mkl_ok = true;
 }
 
-void mkl_blas_close(mkl_blas_t *mkl) {
-    /* The library stays loaded: its OpenMP workers belong to libgomp's pool for the process. */
-    free(mkl);
+const mkl_blas_t *mkl_blas_open(char *err, size_t errlen) {
+    pthread_once(&the_mkl_once, load_once);
+    if (!the_mkl_ok) {
+        snprintf(err, errlen, "%s", the_mkl_error);
+        return NULL;
+    }
+    return &the_mkl;
 }
 
 const char *mkl_blas_path(const mkl_blas_t *mkl) { return mkl->path; }
@@ -117,11 +126,7 @@ void mkl_sgemm(const mkl_blas_t *mkl, bool trans_a, bool trans_b, int64_t M, int
                dim(M), dim(N), dim(K), 1.0f, A, dim(lda), B, dim(ldb), accumulate ? 1.0f : 0.0f, C, dim(ldc));
 }
 
-bool mkl_has_bf16(const mkl_blas_t *mkl) {
-    /* MKL emulates bf16 on older CPUs at a fraction of fp32's speed; only take it where the
-     * CPU has the instructions. */
-    return mkl->gemm_bf16 && (__builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16"));
-}
+bool mkl_has_bf16(const mkl_blas_t *mkl) { return mkl->gemm_bf16 != NULL; }
 
 void mkl_gemm_bf16(const mkl_blas_t *mkl, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                    const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc,

@@ -12,12 +12,12 @@
 typedef struct mkl_blas mkl_blas_t;
 
 /* Loads libmkl_rt (the file STEPSCOPE_MKL_LIBRARY names if set; else first from the venv the
- * build saw, then the loader's search path), sets its
- * threading to GNU OpenMP (the process's one OpenMP runtime) with dynamic thread counts off and
- * strict reproducible mode on, so a product's bits change neither from call to call nor with
- * the thread count. NULL with a message when it cannot. */
-mkl_blas_t *mkl_blas_open(char *err, size_t errlen);
-void mkl_blas_close(mkl_blas_t *mkl);
+ * build saw, then the loader's search path) once per process, and sets its threading to GNU
+ * OpenMP (the process's one OpenMP runtime) with dynamic thread counts off and strict
+ * reproducible mode on, so a product's bits change neither from call to call nor with the
+ * thread count. Every caller shares the one loaded library (nothing to close). NULL with a
+ * message when it cannot be loaded or set up. */
+const mkl_blas_t *mkl_blas_open(char *err, size_t errlen);
 
 /* The file it was loaded from. */
 const char *mkl_blas_path(const mkl_blas_t *mkl);
