@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "kernels/amx.h"
 #include "kernels/attention.h"
 
 static int cmp_double(const void *a, const void *b) {
@@ -52,7 +53,9 @@ int main(int argc, char **argv) {
     printf("attention kernels, H=16 KV=8 HD=128, batch 1, %d threads, median of %d\n", threads, reps);
     printf("%6s %-17s %10s %9s %7s %10s %9s %7s\n", "S", "kernel", "fwd ms", "GFLOP/s", "%peak", "bwd ms", "GFLOP/s",
            "%peak");
-    static const char *kernel_names[3] = {"fp32 micro-GEMM", "fp32 MKL blocks", "bf16"};
+    static const char *kernel_names[4] = {"fp32 micro-GEMM", "fp32 MKL blocks", "bf16 library", "bf16 AMX tiles"};
+    bool have_amx = amx_available();
+    if (!have_amx) printf("bf16 on AMX tiles not measured: this CPU or build has no AMX\n");
     for (int si = 0; si < nseq; si++) {
         attn_shape_t a = {1, seqs[si], 16, 8, 128};
         int64_t T = a.B * a.S, QKV = (a.H + 2 * a.KV) * a.HD;
@@ -63,17 +66,18 @@ int main(int argc, char **argv) {
         const float *q = qkv, *k = qkv + a.H * a.HD, *v = qkv + (a.H + a.KV) * a.HD;
         float *dq = dqkv, *dk = dqkv + a.H * a.HD, *dv = dqkv + (a.H + a.KV) * a.HD;
         int64_t ldo = a.H * a.HD;
-        double tf[3][64], tb[3][64];
+        double tf[4][64], tb[4][64];
         for (int r = -1; r < reps; r++)
-            for (int kind = 0; kind < 3; kind++) { /* interleaved, so noise hits all alike */
-                if (kind == 1 && !have_mkl) continue;
+            for (int kind = 0; kind < 4; kind++) { /* interleaved, so noise hits all alike */
+                if ((kind == 1 && !have_mkl) || (kind == 3 && !have_amx)) continue;
                 double t0 = omp_get_wtime();
-                if (kind == 2) attention_forward_bf16(out, ldo, lse, q, QKV, k, QKV, v, QKV, &a, scratch, g);
+                if (kind >= 2)
+                    attention_forward_bf16(out, ldo, lse, q, QKV, k, QKV, v, QKV, &a, scratch, kind == 2 ? g : NULL);
                 else attention_forward(out, ldo, lse, q, QKV, k, QKV, v, QKV, &a, scratch, kind ? gm : NULL);
                 double t1 = omp_get_wtime();
-                if (kind == 2)
+                if (kind >= 2)
                     attention_backward_bf16(dq, QKV, dk, QKV, dv, QKV, dout, ldo, out, ldo, lse, q, QKV, k, QKV, v, QKV,
-                                            &a, scratch, g);
+                                            &a, scratch, kind == 2 ? g : NULL);
                 else
                     attention_backward(dq, QKV, dk, QKV, dv, QKV, dout, ldo, out, ldo, lse, q, QKV, k, QKV, v, QKV, &a,
                                        scratch, kind ? gm : NULL);
@@ -81,9 +85,9 @@ int main(int argc, char **argv) {
                 if (r >= 0) tf[kind][r] = t1 - t0, tb[kind][r] = t2 - t1;
             }
         double one = 2.0 * 2.0 * (double)a.B * (double)a.S * (double)a.S * (double)a.H * (double)a.HD / 2.0;
-        for (int kind = 0; kind < 3; kind++) {
-            if (kind == 1 && !have_mkl) continue;
-            int bf = kind == 2;
+        for (int kind = 0; kind < 4; kind++) {
+            if ((kind == 1 && !have_mkl) || (kind == 3 && !have_amx)) continue;
+            int bf = kind >= 2;
             qsort(tf[kind], (size_t)reps, sizeof(double), cmp_double);
             qsort(tb[kind], (size_t)reps, sizeof(double), cmp_double);
             double f = tf[kind][reps / 2], b = tb[kind][reps / 2];

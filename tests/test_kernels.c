@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "kernels/adamw.h"
+#include "kernels/amx.h"
 #include "kernels/attention.h"
 #include "kernels/embed.h"
 #include "kernels/bf16.h"
@@ -68,6 +69,8 @@ static double fd_serial(float *x, const size_t *idx, size_t nidx, const float *g
 /* The gemm tests run once per library (cmocka prestate: a gemm_library_t); MKL's are
  * skipped, saying so, where it is not installed. */
 static const gemm_library_t LIB_ONEDNN = GEMM_LIB_ONEDNN, LIB_MKL = GEMM_LIB_MKL;
+/* A test run once per library, named for it, so the two runs read apart in the output. */
+#define TEST_WITH_LIB(f, lib, libname) {#f " (" libname ")", f, NULL, NULL, (void *)&(lib)}
 
 static gemm_ctx_t *new_gemm_of(void **state) {
     gemm_library_t lib = *state ? *(const gemm_library_t *)*state : GEMM_LIB_AUTO;
@@ -172,6 +175,52 @@ static void test_gemm_bf16_vs_naive(void **state) {
                 }
     CHECK_LE("gemm_bf16 vs naive on bf16-rounded inputs, worst rel Frobenius", worst, 1e-5);
     gemm_destroy(g);
+}
+
+/* amx_gemm with each packing against the naive fp32 gemm on the same bf16-rounded values
+ * (exact products, fp32 sums over K ≤ 96 terms: ~1e-6, bound 1e-5 as above). B comes packed
+ * from bf16 rows as Bᵀ (amx_pack_bt), as B (amx_pack_b) and from fp32 (amx_pack_b_f32), from
+ * extents that are not multiples of 32 (the packs zero-pad them); the product runs over a K
+ * shorter than the packed extent, and accumulates. Skipped where the CPU has no AMX. */
+static void test_amx_gemm_vs_naive(void **state) {
+    (void)state;
+    if (!amx_available()) {
+        printf("AMX tile products not tested: this CPU or build has no AMX\n");
+        return;
+    }
+    test_rng_t rng = {3};
+    const int64_t M = 64, N = 96, K = 64, Ksrc = 75, Nsrc = 90; /* packed from [Ksrc or Nsrc] */
+    const int64_t Kp = amx_round32(Ksrc), Np = amx_round32(Nsrc);
+    float *A = falloc((size_t)(M * K)), *Bf = falloc((size_t)(Ksrc * Nsrc)), *C = falloc((size_t)(M * N));
+    float *Cref = falloc((size_t)(M * N)), *Bt = falloc((size_t)(Nsrc * Ksrc));
+    bf16_t *A16 = malloc((size_t)(M * K) * 2), *B16 = malloc((size_t)(Ksrc * Nsrc) * 2);
+    bf16_t *Bt16 = malloc((size_t)(Nsrc * Ksrc) * 2), *packed = malloc((size_t)(Kp * Np) * 2);
+    fill_uniform(A, (size_t)(M * K), &rng, -1.0f, 1.0f);
+    fill_uniform(Bf, (size_t)(Ksrc * Nsrc), &rng, -1.0f, 1.0f);
+    bf16_from_f32_array(A16, A, M * K);
+    bf16_from_f32_array(B16, Bf, Ksrc * Nsrc);
+    for (int64_t i = 0; i < M * K; i++) A[i] = bf16_to_f32(A16[i]);
+    for (int64_t k = 0; k < Ksrc; k++)
+        for (int64_t n = 0; n < Nsrc; n++) Bt16[n * Ksrc + k] = B16[k * Nsrc + n];
+    for (int64_t i = 0; i < Nsrc * Ksrc; i++) Bt[i] = bf16_to_f32(Bt16[i]);
+    /* the reference B: columns n ≥ Nsrc are the packs' zero padding */
+    float *Bref = calloc((size_t)(K * N), sizeof(float));
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t n = 0; n < Nsrc; n++) Bref[k * N + n] = bf16_to_f32(B16[k * Nsrc + n]);
+    for (int form = 0; form < 3; form++)
+        for (int acc = 0; acc < 2; acc++) {
+            if (form == 0) amx_pack_bt(packed, Bt16, Ksrc, Nsrc, Ksrc);
+            else if (form == 1) amx_pack_b(packed, B16, Nsrc, Ksrc, Nsrc);
+            else amx_pack_b_f32(packed, Bf, Nsrc, Ksrc, Nsrc);
+            fill_uniform(C, (size_t)(M * N), &rng, -1.0f, 1.0f);
+            memcpy(Cref, C, (size_t)(M * N) * sizeof(float));
+            amx_gemm(C, N, A16, K, packed, Kp, M, N, K, acc);
+            gemm_f32_naive(false, false, M, N, K, A, K, Bref, N, Cref, N, acc);
+            char what[64];
+            snprintf(what, sizeof what, "amx_gemm (pack form %d, accumulate %d) vs naive", form, acc);
+            CHECK_LE(what, rel_err_2d(C, N, Cref, N, M, N), 1e-5);
+        }
+    free(A), free(Bf), free(C), free(Cref), free(Bt), free(A16), free(B16), free(Bt16), free(packed), free(Bref);
 }
 
 /* The vector conversion rounds to nearest even like the scalar one, ties included, and keeps
@@ -1120,35 +1169,44 @@ static void test_attention_bf16_vs_fp32(void **state) {
     char err[256];
     gemm_ctx_t **g = malloc((size_t)threads * sizeof *g);
     for (int t = 0; t < threads; t++) assert_non_null(g[t] = gemm_create(GEMM_LIB_AUTO, err, sizeof err));
-    for (size_t ci = 0; ci < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; ci++) {
-        const attn_case_t *c = &ATTN_CASES[ci];
-        attn_bufs_t x;
-        attn_run_fp32(&x, c, &rng, NULL);
-        float *out32 = falloc((size_t)(x.T * x.ld_out)), *lse32 = falloc((size_t)(c->B * c->H * c->S));
-        float *d32 = falloc((size_t)(x.T * x.ld));
-        memcpy(out32, x.out, (size_t)(x.T * x.ld_out) * sizeof(float));
-        memcpy(lse32, x.lse, (size_t)(c->B * c->H * c->S) * sizeof(float));
-        memcpy(d32, x.dqkv, (size_t)(x.T * x.ld) * sizeof(float));
-        float *scratch = falloc((size_t)attention_bf16_scratch_floats(&x.a, threads));
-        fill_const(x.out, (size_t)(x.T * x.ld_out), SENTINEL);
-        attention_forward_bf16(x.out, x.ld_out, x.lse, x.q, x.ld, x.k, x.ld, x.v, x.ld, &x.a, scratch, g);
-        assert_true(padding_intact(x.out, x.T, x.qw, x.ld_out, SENTINEL));
-        fill_const(x.dqkv, (size_t)(x.T * x.ld), SENTINEL);
-        float *dq = x.dqkv, *dk = x.dqkv + x.qw, *dv = x.dqkv + x.qw + x.kw;
-        attention_backward_bf16(dq, x.ld, dk, x.ld, dv, x.ld, x.R, x.ld_dout, x.out, x.ld_out, x.lse, x.q, x.ld,
-                                x.k, x.ld, x.v, x.ld, &x.a, scratch, g);
-        assert_true(padding_intact(x.dqkv, x.T, x.qw + 2 * x.kw, x.ld, SENTINEL));
-        char what[96];
-        snprintf(what, sizeof what, "bf16 attention out vs fp32 B%ld S%ld H%ld KV%ld HD%ld", (long)c->B, (long)c->S,
-                 (long)c->H, (long)c->KV, (long)c->HD);
-        CHECK_LE(what, rel_err_2d(x.out, x.ld_out, out32, x.ld_out, x.T, x.qw), 1e-2);
-        CHECK_LE("  lse, max abs", max_abs_diff(x.lse, lse32, (size_t)(c->B * c->H * c->S)), 1e-2);
-        CHECK_LE("  dq", rel_err_2d(x.dqkv, x.ld, d32, x.ld, x.T, x.qw), 1e-2);
-        CHECK_LE("  dk", rel_err_2d(x.dqkv + x.qw, x.ld, d32 + x.qw, x.ld, x.T, x.kw), 1e-2);
-        CHECK_LE("  dv", rel_err_2d(x.dqkv + x.qw + x.kw, x.ld, d32 + x.qw + x.kw, x.ld, x.T, x.kw), 1e-2);
-        free(out32), free(lse32), free(d32), free(scratch);
-        attn_free(&x);
-    }
+    /* block products through the library, then on AMX tiles where this CPU has them */
+    int variants = amx_available() ? 2 : 1;
+    if (variants == 1) printf("bf16 attention on AMX tiles not tested: this CPU or build has no AMX\n");
+    /* ATTN_CASES pad every extent for the tiles; these two do not (HD and the query blocks
+     * multiples of 32), where the AMX kernel stores its tiles straight into the outputs. */
+    static const attn_case_t whole_tiles[] = {{1, 160, 4, 2, 32}, {2, 64, 2, 1, 64}};
+    const size_t ncases = sizeof ATTN_CASES / sizeof ATTN_CASES[0], nwhole = sizeof whole_tiles / sizeof whole_tiles[0];
+    for (int variant = 0; variant < variants; variant++)
+        for (size_t ci = 0; ci < ncases + nwhole; ci++) {
+            const attn_case_t *c = ci < ncases ? &ATTN_CASES[ci] : &whole_tiles[ci - ncases];
+            gemm_ctx_t *const *blocks = variant == 0 ? g : NULL;
+            attn_bufs_t x;
+            attn_run_fp32(&x, c, &rng, NULL);
+            float *out32 = falloc((size_t)(x.T * x.ld_out)), *lse32 = falloc((size_t)(c->B * c->H * c->S));
+            float *d32 = falloc((size_t)(x.T * x.ld));
+            memcpy(out32, x.out, (size_t)(x.T * x.ld_out) * sizeof(float));
+            memcpy(lse32, x.lse, (size_t)(c->B * c->H * c->S) * sizeof(float));
+            memcpy(d32, x.dqkv, (size_t)(x.T * x.ld) * sizeof(float));
+            float *scratch = falloc((size_t)attention_bf16_scratch_floats(&x.a, threads));
+            fill_const(x.out, (size_t)(x.T * x.ld_out), SENTINEL);
+            attention_forward_bf16(x.out, x.ld_out, x.lse, x.q, x.ld, x.k, x.ld, x.v, x.ld, &x.a, scratch, blocks);
+            assert_true(padding_intact(x.out, x.T, x.qw, x.ld_out, SENTINEL));
+            fill_const(x.dqkv, (size_t)(x.T * x.ld), SENTINEL);
+            float *dq = x.dqkv, *dk = x.dqkv + x.qw, *dv = x.dqkv + x.qw + x.kw;
+            attention_backward_bf16(dq, x.ld, dk, x.ld, dv, x.ld, x.R, x.ld_dout, x.out, x.ld_out, x.lse, x.q, x.ld,
+                                    x.k, x.ld, x.v, x.ld, &x.a, scratch, blocks);
+            assert_true(padding_intact(x.dqkv, x.T, x.qw + 2 * x.kw, x.ld, SENTINEL));
+            char what[112];
+            snprintf(what, sizeof what, "bf16 attention (%s) out vs fp32 B%ld S%ld H%ld KV%ld HD%ld",
+                     variant ? "AMX tiles" : "library", (long)c->B, (long)c->S, (long)c->H, (long)c->KV, (long)c->HD);
+            CHECK_LE(what, rel_err_2d(x.out, x.ld_out, out32, x.ld_out, x.T, x.qw), 1e-2);
+            CHECK_LE("  lse, max abs", max_abs_diff(x.lse, lse32, (size_t)(c->B * c->H * c->S)), 1e-2);
+            CHECK_LE("  dq", rel_err_2d(x.dqkv, x.ld, d32, x.ld, x.T, x.qw), 1e-2);
+            CHECK_LE("  dk", rel_err_2d(x.dqkv + x.qw, x.ld, d32 + x.qw, x.ld, x.T, x.kw), 1e-2);
+            CHECK_LE("  dv", rel_err_2d(x.dqkv + x.qw + x.kw, x.ld, d32 + x.qw + x.kw, x.ld, x.T, x.kw), 1e-2);
+            free(out32), free(lse32), free(d32), free(scratch);
+            attn_free(&x);
+        }
     for (int t = 0; t < threads; t++) gemm_destroy(g[t]);
     free(g);
 }
@@ -1242,15 +1300,16 @@ static void test_thread_determinism(void **state) {
 int main(void) {
     g_threads0 = omp_get_max_threads();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate(test_gemm_vs_naive, (void *)&LIB_ONEDNN),
-        cmocka_unit_test_prestate(test_gemm_vs_naive, (void *)&LIB_MKL),
-        cmocka_unit_test_prestate(test_gemm_empty_k, (void *)&LIB_ONEDNN),
-        cmocka_unit_test_prestate(test_gemm_empty_k, (void *)&LIB_MKL),
+        TEST_WITH_LIB(test_gemm_vs_naive, LIB_ONEDNN, "onednn"),
+        TEST_WITH_LIB(test_gemm_vs_naive, LIB_MKL, "mkl"),
+        TEST_WITH_LIB(test_gemm_empty_k, LIB_ONEDNN, "onednn"),
+        TEST_WITH_LIB(test_gemm_empty_k, LIB_MKL, "mkl"),
         cmocka_unit_test(test_transpose),
-        cmocka_unit_test_prestate(test_gemm_bf16_vs_naive, (void *)&LIB_ONEDNN),
-        cmocka_unit_test_prestate(test_gemm_bf16_vs_naive, (void *)&LIB_MKL),
+        TEST_WITH_LIB(test_gemm_bf16_vs_naive, LIB_ONEDNN, "onednn"),
+        TEST_WITH_LIB(test_gemm_bf16_vs_naive, LIB_MKL, "mkl"),
         cmocka_unit_test(test_bf16_rounding),
-        cmocka_unit_test_prestate(test_gemm_caches_primitives, (void *)&LIB_ONEDNN),
+        TEST_WITH_LIB(test_gemm_caches_primitives, LIB_ONEDNN, "onednn"),
+        cmocka_unit_test(test_amx_gemm_vs_naive),
         cmocka_unit_test(test_microgemm_vs_naive),
         cmocka_unit_test(test_rmsnorm_forward),
         cmocka_unit_test(test_rmsnorm_backward_fd),
@@ -1266,10 +1325,10 @@ int main(void) {
         cmocka_unit_test(test_adamw_update),
         cmocka_unit_test(test_adamw_sum_squares),
         cmocka_unit_test(test_adamw_clip_scale),
-        cmocka_unit_test(test_attention_forward),
-        cmocka_unit_test_prestate(test_attention_forward, (void *)&LIB_MKL),
-        cmocka_unit_test(test_attention_backward_fd),
-        cmocka_unit_test_prestate(test_attention_backward_fd, (void *)&LIB_MKL),
+        {"test_attention_forward (micro-GEMM blocks)", test_attention_forward, NULL, NULL, NULL},
+        TEST_WITH_LIB(test_attention_forward, LIB_MKL, "mkl"),
+        {"test_attention_backward_fd (micro-GEMM blocks)", test_attention_backward_fd, NULL, NULL, NULL},
+        TEST_WITH_LIB(test_attention_backward_fd, LIB_MKL, "mkl"),
         cmocka_unit_test(test_attention_scratch_linear),
         cmocka_unit_test(test_attention_bf16_vs_fp32),
         cmocka_unit_test(test_thread_determinism),

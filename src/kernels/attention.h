@@ -38,10 +38,11 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
                         gemm_ctx_t *const *thread_gemm);
 
 /* bf16 variants (dtype=bfloat16): the same contract and blocking, but q, k, v, dO and the
- * probability and dS blocks are rounded to bf16 for the block matmuls (fp32 accumulation),
- * which run through the gemm library so it picks the CPU's fastest bf16 unit (AMX tiles
- * where present, else AVX512-BF16); softmax, lse, dS and all outputs stay fp32.
- * thread_gemm holds one gemm context per OpenMP thread of the calling team. */
+ * probability and dS blocks are rounded to bf16 for the block matmuls (fp32 accumulation);
+ * softmax, lse, dS and all outputs stay fp32. With thread_gemm (one gemm context per OpenMP
+ * thread of the calling team) the block products run through the gemm library; with
+ * thread_gemm NULL they run on AMX tiles (kernels/amx.h), for callers that checked
+ * amx_available(). The scratch size covers both. */
 int64_t attention_bf16_scratch_floats(const attn_shape_t *a, int num_threads);
 
 void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,

@@ -27,7 +27,9 @@ static int64_t per_thread_floats(const attn_shape_t *a) {
 }
 
 int64_t attention_bf16_scratch_floats(const attn_shape_t *a, int num_threads) {
-    return kv_floats(a) + (int64_t)num_threads * per_thread_floats(a);
+    int64_t library = kv_floats(a) + (int64_t)num_threads * per_thread_floats(a);
+    int64_t amx = attention_amx_scratch_floats(a, num_threads);
+    return library > amx ? library : amx;
 }
 
 typedef struct thread_bufs {
@@ -80,6 +82,10 @@ void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float 
     const int64_t B = a->B, S = a->S, H = a->H, HD = a->HD, group = a->H / a->KV;
     const int64_t qblocks = (S + QB - 1) / QB;
     const float scale = 1.0f / sqrtf((float)HD);
+    if (!thread_gemm) {
+        attention_forward_bf16_amx(out, ld_out, lse, q, ld_q, k, ld_k, v, ld_v, a, scratch);
+        return;
+    }
     pack_kv16(scratch, a, k, ld_k, v, ld_v);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * H * qblocks; task++) {
@@ -108,6 +114,11 @@ void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk,
     const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, group = a->H / a->KV;
     const int64_t qblocks = (S + QB - 1) / QB;
     const float scale = 1.0f / sqrtf((float)HD);
+    if (!thread_gemm) {
+        attention_backward_bf16_amx(dq, ld_dq, dk, ld_dk, dv, ld_dv, dout, ld_dout, out, ld_out, lse, q, ld_q, k, ld_k,
+                                    v, ld_v, a, scratch);
+        return;
+    }
     pack_kv16(scratch, a, k, ld_k, v, ld_v);
     /* One task per (batch, kv head), as the fp32 kernel: it alone writes that head's dk, dv. */
 #pragma omp parallel for schedule(dynamic, 1)

@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "kernels/attention.h"
+
 /* Row r of strip [nq, ld] holds raw scores for query i = i0 + r against keys [0, kend); the
  * masked rest (keys past i) is zeroed.
  * Backward (lse_in): the visible part becomes the probabilities exp(scale·s − lse).
@@ -19,5 +21,16 @@ void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const
 
 /* dst[S, HD] = src rows [S, HD] (row stride ld), packed. */
 void attention_copy_rows(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD);
+
+/* bf16 attention on AMX tiles (attention_amx.c): the contract of attention_forward_bf16 and
+ * attention_backward_bf16, for CPUs where amx_available(). */
+int64_t attention_amx_scratch_floats(const attn_shape_t *a, int num_threads);
+void attention_forward_bf16_amx(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
+                                const float *k, int64_t ld_k, const float *v, int64_t ld_v, const attn_shape_t *a,
+                                float *scratch);
+void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
+                                 const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
+                                 const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
+                                 const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch);
 
 #endif

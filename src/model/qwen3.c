@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/amx.h"
 #include "kernels/attention.h"
 #include "kernels/embed.h"
 #include "kernels/rmsnorm.h"
@@ -276,9 +277,12 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
         qwen3_destroy(m);
         return NULL;
     }
-    /* Per-thread contexts for attention's block products: always in bf16 (its only bf16
-     * matmul path), in fp32 where the library beats our micro-GEMM on those blocks. */
-    if (opt->bf16 || gemm_suits_attention_blocks(gemm)) {
+    /* Per-thread contexts for attention's block products, where the library runs them: in
+     * bf16 unless the CPU has AMX tiles (our kernel, attention_amx.c, is faster there: the
+     * library repacks both operands on every block), in fp32 where the library beats our
+     * micro-GEMM on those blocks. */
+    bool library_blocks = opt->bf16 ? !amx_available() : gemm_suits_attention_blocks(gemm);
+    if (library_blocks) {
         if (!(m->thread_gemm = calloc((size_t)opt->num_threads, sizeof *m->thread_gemm))) {
             snprintf(err, errlen, "out of memory creating the model");
             qwen3_destroy(m);
@@ -312,6 +316,11 @@ void qwen3_destroy(qwen3_model_t *m) {
     free(m->names.layer_fwd);
     free(m->names.layer_bwd);
     free(m);
+}
+
+const char *qwen3_attention_blocks(const qwen3_model_t *m) {
+    if (m->thread_gemm) return "the matmul library, one context per thread";
+    return m->opt.bf16 ? "AMX tiles (stepscope's bf16 kernel)" : "stepscope's AVX-512 micro-GEMM";
 }
 
 /* ---- linear layers: y = x·Wᵀ with W [out, in] ---- */

@@ -124,6 +124,10 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
                             gemm_ctx_t *gemm, char *err, size_t errlen);
 void qwen3_destroy(qwen3_model_t *m);
 
+/* Where attention's block products run, in words for the log: AMX tiles (bf16 where the CPU
+ * has them), the matmul library, or the AVX-512 micro-GEMM (fp32). */
+const char *qwen3_attention_blocks(const qwen3_model_t *m);
+
 /* Forward, mean cross-entropy over the B·S targets, and backward: gradients are added into
  * the gradient buffer (the optimizer zeroes it). tokens: [B, S+1], row stride S+1; inputs
  * are tokens[:, 0:S], targets tokens[:, 1:S+1]. Returns the loss. */

@@ -320,7 +320,9 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     train_parallel_t par = {.world = world, .shard = l.shard, .replica = l.replica, .comm_lane = LANE_COMM,
                             .compute_lane = LANE_COMPUTE};
     if (rc == LOOP_OK && train_state_create(&l.state, cfg, plan, l.trace, &par, err, errlen) != 0) rc = LOOP_FAILED;
-    if (rc == LOOP_OK && writer) printf("matmul library: %s\n", gemm_library_detail(l.state.gemm));
+    if (rc == LOOP_OK && writer)
+        printf("matmul library: %s\nattention block products: %s\n", gemm_library_detail(l.state.gemm),
+               qwen3_attention_blocks(l.state.model));
     if (rc == LOOP_OK) rc = interrupted_in_setup(err, errlen);
     if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0)))
         rc = LOOP_FAILED;

@@ -1,0 +1,143 @@
+#include "kernels/amx.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
+#endif
+
+static bool amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void) {
+#if HAVE_AMX
+    /* The build may target a CPU with AMX while running on one without (or under valgrind,
+     * which hides it); and Linux hands out the 8 KiB tile state only on request. */
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return;
+    const long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#endif
+}
+
+bool amx_available(void) {
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+}
+
+static inline int64_t packed_index(int64_t Kp, int64_t k, int64_t n) {
+    return ((n / 16) * (Kp / 2) + k / 2) * 32 + (n % 16) * 2 + k % 2;
+}
+
+void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t K) {
+    const int64_t Kp = amx_round32(K), Np = amx_round32(N);
+    /* (k, k+1) of one source row are adjacent, and adjacent in the packed layout too: move
+     * them as one 32-bit word. */
+    for (int64_t n = 0; n < Np; n++)
+        for (int64_t k = 0; k < Kp; k += 2) {
+            uint32_t pair = 0;
+            if (n < N) {
+                bf16_t lo = k < K ? src[n * ld + k] : 0, hi = k + 1 < K ? src[n * ld + k + 1] : 0;
+                pair = (uint32_t)lo | (uint32_t)hi << 16;
+            }
+            memcpy(dst + packed_index(Kp, k, n), &pair, sizeof pair);
+        }
+}
+
+void amx_pack_b(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t K, int64_t N) {
+    const int64_t Kp = amx_round32(K), Np = amx_round32(N);
+    for (int64_t k = 0; k < Kp; k++)
+        for (int64_t n = 0; n < Np; n++) dst[packed_index(Kp, k, n)] = k < K && n < N ? src[k * ld + n] : 0;
+}
+
+void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, const float *r1, int64_t N,
+                         int64_t Np) {
+    int64_t n = 0;
+#if defined(__AVX512BF16__)
+    /* 16 columns of both rows: convert them together (the low half of the result is r0, the
+     * high half r1) and interleave them into the 16 (r0, r1) pairs of one packed tile row. */
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                                22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (; r0 && r1 && n + 16 <= N; n += 16) {
+        __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(r1 + n), _mm512_loadu_ps(r0 + n));
+        _mm512_storeu_si512((void *)(dst + packed_index(Kp, k, n)), _mm512_permutexvar_epi16(interleave, (__m512i)both));
+    }
+#endif
+    for (; n < Np; n++) {
+        bool in = n < N;
+        dst[packed_index(Kp, k, n)] = r0 && in ? bf16_from_f32(r0[n]) : 0;
+        dst[packed_index(Kp, k + 1, n)] = r1 && in ? bf16_from_f32(r1[n]) : 0;
+    }
+}
+
+void amx_pack_b_f32(bf16_t *dst, const float *src, int64_t ld, int64_t K, int64_t N) {
+    const int64_t Kp = amx_round32(K), Np = amx_round32(N);
+    for (int64_t k = 0; k < Kp; k += 2)
+        amx_pack_b_f32_pair(dst, Kp, k, k < K ? src + k * ld : NULL, k + 1 < K ? src + (k + 1) * ld : NULL, N, Np);
+}
+
+#if HAVE_AMX
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config_t;
+
+/* Tiles 0-3: the 32×32 fp32 C block as four 16×16 quarters; 4-5: two 16×32 A tiles (rows
+ * m0..m0+15, m0+16..m0+31); 6-7: two 16-pair × 16-column B tiles (columns n0.., n0+16..). */
+void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
+              int64_t N, int64_t K, bool accumulate) {
+    tile_config_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    _tile_loadconfig(&cfg);
+    const int64_t cs = ldc * (int64_t)sizeof(float), as = lda * (int64_t)sizeof(bf16_t);
+    const int64_t b_panel = Bk / 2 * 32; /* elements per 16-column panel */
+    for (int64_t m0 = 0; m0 < M; m0 += 32)
+        for (int64_t n0 = 0; n0 < N; n0 += 32) {
+            float *c = C + m0 * ldc + n0;
+            if (accumulate) {
+                _tile_loadd(0, c, cs);
+                _tile_loadd(1, c + 16, cs);
+                _tile_loadd(2, c + 16 * ldc, cs);
+                _tile_loadd(3, c + 16 * ldc + 16, cs);
+            } else {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            }
+            const bf16_t *a = A + m0 * lda, *b = B + (n0 / 16) * b_panel;
+            for (int64_t k0 = 0; k0 < K; k0 += 32) {
+                _tile_loadd(4, a + k0, as);
+                _tile_loadd(5, a + 16 * lda + k0, as);
+                _tile_loadd(6, b + k0 / 2 * 32, 64);
+                _tile_loadd(7, b + b_panel + k0 / 2 * 32, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, c, cs);
+            _tile_stored(1, c + 16, cs);
+            _tile_stored(2, c + 16 * ldc, cs);
+            _tile_stored(3, c + 16 * ldc + 16, cs);
+        }
+    /* Leave the tile state unused between calls: the kernel saves 8 KiB more per context
+     * switch while it is live. */
+    _tile_release();
+}
+#else
+void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
+              int64_t N, int64_t K, bool accumulate) {
+    /* Unreachable: callers check amx_available(), false in a build without AMX. */
+    (void)C, (void)ldc, (void)A, (void)lda, (void)B, (void)Bk, (void)M, (void)N, (void)K, (void)accumulate;
+    __builtin_trap();
+}
+#endif

@@ -1,0 +1,48 @@
+/* amx: bf16 tile products on Intel AMX (Sapphire Rapids and later), for blocks that are too
+ * small for a GEMM library to amortise its per-call packing: attention's [128 × S × 128]
+ * block products ran at 6% of the tile unit's peak through MKL. Here the B operands (K, V,
+ * and the probability strips) are packed once into the tile unit's layout by the caller and
+ * each product is a plain loop of tile loads and dot products.
+ *
+ * Packed B layout ("vnni"): a K×N matrix B is stored as [N/16][Kp/2][16][2], where Kp is the
+ * packed K extent: element (k, n) sits at ((n/16)·(Kp/2) + k/2)·32 + (n%16)·2 + k%2. One tile
+ * (16 k-pairs × 16 columns, 1 KiB) is then contiguous. Kp and N are multiples of 32; padding
+ * rows and columns hold zeros. */
+#ifndef STEPSCOPE_AMX_H
+#define STEPSCOPE_AMX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/bf16.h"
+
+/* Whether this build and CPU run AMX bf16 tiles and Linux granted the tile state to the
+ * process (arch_prctl). Decided once per process; safe from any thread. */
+bool amx_available(void);
+
+static inline int64_t amx_round32(int64_t n) { return (n + 31) / 32 * 32; }
+
+/* B = srcᵀ packed: src is [N rows, K columns] (row stride ld), B[k][n] = src[n][k]; Kp =
+ * amx_round32(K), and B is zero-padded to Kp × amx_round32(N), the elements dst holds. */
+void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t K);
+
+/* B = src packed: src is [K rows, N columns] (row stride ld), B[k][n] = src[k][n]; Kp =
+ * amx_round32(K), zero-padded. */
+void amx_pack_b(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t K, int64_t N);
+
+/* The same from fp32, rounding to bf16 (nearest even) on the way: src [K rows, N columns]. */
+void amx_pack_b_f32(bf16_t *dst, const float *src, int64_t ld, int64_t K, int64_t N);
+
+/* One packed row pair of that: rows k, k+1 (k even) of B from r0, r1 (NULL: a zero row), N
+ * columns, zero-padded to Np; Kp is the packed K extent. For kernels that produce B a row
+ * pair at a time and pack it while it is in cache. */
+void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, const float *r1, int64_t N,
+                         int64_t Np);
+
+/* C[M, N] (+)= A[M, K] · B, A bf16 row-major (row stride lda elements), B packed with K
+ * extent Bk (≥ K), C fp32 (row stride ldc). M, N, K are multiples of 32. Runs on the calling
+ * thread; requires amx_available(). */
+void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
+              int64_t N, int64_t K, bool accumulate);
+
+#endif

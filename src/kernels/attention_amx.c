@@ -1,0 +1,240 @@
+/* bf16 attention with its block products on AMX tiles (kernels/amx.h): the flash-style
+ * blocking of attention_bf16.c, with K and V packed once per (batch, kv head) into the tile
+ * layout each product reads them in, so no product repacks its operands. Through MKL these
+ * [128 × S × 128] products ran at about 6% of the tile unit's peak, most of it packing.
+ *
+ * Every extent a tile product sees is padded to a multiple of 32 (queries of a block, keys,
+ * HD) with zeros, which add nothing to any sum; only the first nq rows and HD columns of a
+ * result are copied out. The backward computes dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P, so the large
+ * [queries × keys] strips serve as packed B operands (packed while converting to bf16) and
+ * only the small [queries × HD] blocks are transposed. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "kernels/amx.h"
+#include "kernels/attention.h"
+#include "kernels/attention_internal.h"
+
+enum { QB = ATTN_QBLOCK_BF16 };
+
+/* Row strides: padded off multiples of 4 KiB, where 16 rows of a tile would share a cache set. */
+static int64_t s_pad(const attn_shape_t *a) { return amx_round32(a->S); }
+static int64_t ld_f32(const attn_shape_t *a) { return s_pad(a) + 16; }
+static int64_t ld_b16(const attn_shape_t *a) { return s_pad(a) + 32; }
+static int64_t hd_pad(const attn_shape_t *a) { return amx_round32(a->HD); }
+
+/* Scratch, in floats (bf16 regions take half a float an element):
+ *   shared: the four packed K/V forms per (batch, kv head), each hd_pad × s_pad bf16;
+ *   per thread: fp32 strips P and dP [QB, ld_f32]; bf16 strips dS (row-major) [QB, ld_b16],
+ *   P and dS packed [s_pad × QB]; q, dO [QB, hd_pad] and their transposes [hd_pad, QB] in
+ *   bf16; a [QB, hd_pad] fp32 result block; dKᵀ and dVᵀ [hd_pad, ld_f32] fp32; and the
+ *   bf16 rows [s_pad, hd_pad] that K and V are packed from. */
+static int64_t pack_elems(const attn_shape_t *a) { return hd_pad(a) * s_pad(a); }
+static int64_t shared_floats(const attn_shape_t *a) { return a->B * a->KV * 4 * pack_elems(a) / 2; }
+static int64_t per_thread_floats(const attn_shape_t *a) {
+    int64_t HDp = hd_pad(a);
+    return 2 * QB * ld_f32(a) + QB * ld_b16(a) / 2 + s_pad(a) * QB + 2 * QB * HDp + QB * HDp + 2 * HDp * ld_f32(a) +
+           s_pad(a) * HDp / 2;
+}
+
+int64_t attention_amx_scratch_floats(const attn_shape_t *a, int num_threads) {
+    return shared_floats(a) + (int64_t)num_threads * per_thread_floats(a);
+}
+
+typedef struct {
+    bf16_t *kt, *k, *vt, *v; /* Kᵀ-as-B (for Q·Kᵀ), K-as-B (dS·K), Vᵀ-as-B (dO·Vᵀ), V-as-B (P·V) */
+} kv_packs_t;
+
+static kv_packs_t kv_packs(float *scratch, const attn_shape_t *a, int64_t b, int64_t kvh) {
+    bf16_t *base = (bf16_t *)scratch + (b * a->KV + kvh) * 4 * pack_elems(a);
+    int64_t n = pack_elems(a);
+    return (kv_packs_t){base, base + n, base + 2 * n, base + 3 * n};
+}
+
+typedef struct {
+    float *p, *dp, *res, *dkt, *dvt;
+    bf16_t *ds16, *p_packed, *ds_packed, *q16, *do16, *qt16, *dot16, *kv_rows;
+} amx_bufs_t;
+
+static amx_bufs_t amx_bufs(float *scratch, const attn_shape_t *a) {
+    const int64_t HDp = hd_pad(a);
+    float *f = scratch + shared_floats(a) + (int64_t)omp_get_thread_num() * per_thread_floats(a);
+    amx_bufs_t t;
+    t.p = f, f += QB * ld_f32(a);
+    t.dp = f, f += QB * ld_f32(a);
+    t.res = f, f += QB * HDp;
+    t.dkt = f, f += HDp * ld_f32(a);
+    t.dvt = f, f += HDp * ld_f32(a);
+    bf16_t *h = (bf16_t *)f;
+    t.ds16 = h, h += QB * ld_b16(a);
+    t.p_packed = h, h += s_pad(a) * QB;
+    t.ds_packed = h, h += s_pad(a) * QB;
+    t.q16 = h, h += QB * HDp;
+    t.do16 = h, h += QB * HDp;
+    t.qt16 = h, h += HDp * QB;
+    t.dot16 = h, h += HDp * QB;
+    t.kv_rows = h;
+    return t;
+}
+
+/* dst[rows_pad, HDp] = bf16(src[rows, HD]) zero-padded; src row stride ld. */
+static void block_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t ld, int64_t rows, int64_t rows_pad,
+                          int64_t HD) {
+    for (int64_t r = 0; r < rows_pad; r++) {
+        if (r < rows) {
+            bf16_from_f32_block(dst + r * HDp, src + r * ld, HD);
+            memset(dst + r * HDp + HD, 0, (size_t)(HDp - HD) * sizeof(bf16_t));
+        } else {
+            memset(dst + r * HDp, 0, (size_t)HDp * sizeof(bf16_t));
+        }
+    }
+}
+
+/* dst[HDp, QB] = srcᵀ for src [rows_pad, HDp] bf16. */
+static void transpose_block(bf16_t *dst, const bf16_t *src, int64_t rows_pad, int64_t HDp) {
+    for (int64_t r = 0; r < rows_pad; r++)
+        for (int64_t d = 0; d < HDp; d++) dst[d * QB + r] = src[r * HDp + d];
+}
+
+/* The four packed forms of this (batch, kv head)'s K and V, through a bf16 row-major copy. */
+static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64_t ld_k, const float *v,
+                    int64_t ld_v, bool backward) {
+    const int64_t S = a->S, HD = a->HD, HDp = hd_pad(a);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < a->B; b++)
+        for (int64_t kvh = 0; kvh < a->KV; kvh++) {
+            kv_packs_t pk = kv_packs(scratch, a, b, kvh);
+            bf16_t *rows = amx_bufs(scratch, a).kv_rows;
+            block_to_bf16(rows, HDp, k + b * S * ld_k + kvh * HD, ld_k, S, S, HD);
+            amx_pack_bt(pk.kt, rows, HDp, S, HDp);
+            if (backward) amx_pack_b(pk.k, rows, HDp, S, HDp);
+            block_to_bf16(rows, HDp, v + b * S * ld_v + kvh * HD, ld_v, S, S, HD);
+            if (backward) amx_pack_bt(pk.vt, rows, HDp, S, HDp);
+            else amx_pack_b(pk.v, rows, HDp, S, HDp);
+        }
+}
+
+/* dS = scale·P∘(dP − di) over rows [0, nqp) and keys [0, kp), in one pass that also writes the
+ * three bf16 forms the products read, while the rows are in cache: dS row-major (A of
+ * dQ = dS·K) and dS and P packed as B operands (of dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P). Two rows at
+ * a time, since a packed tile row interleaves a pair of rows. The softmax's 1/sqrt(HD) is
+ * folded into dS for dQ and dK. */
+static void ds_and_pack(const amx_bufs_t *t, int64_t lf, int64_t lb, int64_t nqp, int64_t kp, float scale,
+                        const float *di) {
+    for (int64_t r = 0; r < nqp; r += 2) {
+        float *p0 = t->p + r * lf, *p1 = p0 + lf, *d0 = t->dp + r * lf, *d1 = d0 + lf;
+        const float di0 = di[r], di1 = di[r + 1];
+#pragma omp simd
+        for (int64_t j = 0; j < kp; j++) {
+            d0[j] = scale * p0[j] * (d0[j] - di0);
+            d1[j] = scale * p1[j] * (d1[j] - di1);
+        }
+        bf16_from_f32_block(t->ds16 + r * lb, d0, kp);
+        bf16_from_f32_block(t->ds16 + (r + 1) * lb, d1, kp);
+        amx_pack_b_f32_pair(t->ds_packed, nqp, r, d0, d1, kp, kp);
+        amx_pack_b_f32_pair(t->p_packed, nqp, r, p0, p1, kp, kp);
+    }
+}
+
+/* dst[S, HD] (row stride ld) = srcᵀ for src [HD, S] (row stride lds), in 16 × 16 tiles so
+ * that both sides are read and written a cache line at a time. */
+static void untranspose(float *dst, int64_t ld, const float *src, int64_t lds, int64_t S, int64_t HD) {
+    for (int64_t s0 = 0; s0 < S; s0 += 16)
+        for (int64_t d0 = 0; d0 < HD; d0 += 16) {
+            int64_t s1 = s0 + 16 < S ? s0 + 16 : S, d1 = d0 + 16 < HD ? d0 + 16 : HD;
+            for (int64_t s = s0; s < s1; s++)
+                for (int64_t d = d0; d < d1; d++) dst[s * ld + d] = src[d * lds + s];
+        }
+}
+
+void attention_forward_bf16_amx(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
+                                const float *k, int64_t ld_k, const float *v, int64_t ld_v, const attn_shape_t *a,
+                                float *scratch) {
+    const int64_t B = a->B, S = a->S, H = a->H, HD = a->HD, HDp = hd_pad(a), group = a->H / a->KV;
+    const int64_t qblocks = (S + QB - 1) / QB, Sp = s_pad(a), lf = ld_f32(a), lb = ld_b16(a);
+    const float scale = 1.0f / sqrtf((float)HD);
+    pack_kv(scratch, a, k, ld_k, v, ld_v, false);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * H * qblocks; task++) {
+        int64_t qb = qblocks - 1 - task % qblocks, bh = task / qblocks;
+        int64_t b = bh / H, h = bh % H;
+        int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB, kend = i0 + nq;
+        int64_t nqp = amx_round32(nq), kp = amx_round32(kend);
+        kv_packs_t pk = kv_packs(scratch, a, b, h / group);
+        amx_bufs_t t = amx_bufs(scratch, a);
+        block_to_bf16(t.q16, HDp, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nqp, HD);
+        amx_gemm(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false); /* scores = q·kᵀ */
+        float inv_sum[QB];
+        attention_softmax_rows(t.p, lf, i0, nq, kp, scale, lse + (b * H + h) * S, NULL, inv_sum);
+        /* rows nq..nqp hold the zero scores of the zero query rows: harmless, dropped below */
+        bf16_t *p16 = t.ds16;
+        for (int64_t r = 0; r < nqp; r++) bf16_from_f32_block(p16 + r * lb, t.p + r * lf, kp);
+        float *op = out + (b * S + i0) * ld_out + h * HD;
+        if (nq == nqp && HD == HDp) { /* the usual case: tiles straight into the output */
+            amx_gemm(op, ld_out, p16, lb, pk.v, Sp, nq, HD, kp, false);
+            attention_scale_rows(op, ld_out, nq, HD, inv_sum);
+        } else {
+            amx_gemm(t.res, HDp, p16, lb, pk.v, Sp, nqp, HDp, kp, false);
+            for (int64_t r = 0; r < nq; r++)
+                for (int64_t d = 0; d < HD; d++) op[r * ld_out + d] = t.res[r * HDp + d] * inv_sum[r];
+        }
+    }
+}
+
+void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
+                                 const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
+                                 const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
+                                 const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch) {
+    const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, HDp = hd_pad(a), group = a->H / a->KV;
+    const int64_t qblocks = (S + QB - 1) / QB, Sp = s_pad(a), lf = ld_f32(a), lb = ld_b16(a);
+    const float scale = 1.0f / sqrtf((float)HD);
+    pack_kv(scratch, a, k, ld_k, v, ld_v, true);
+    /* One task per (batch, kv head): it alone accumulates that head's dKᵀ, dVᵀ, in an order
+     * that does not depend on the thread count. */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * KV; task++) {
+        int64_t b = task / KV, kvh = task % KV;
+        kv_packs_t pk = kv_packs(scratch, a, b, kvh);
+        amx_bufs_t t = amx_bufs(scratch, a);
+        memset(t.dkt, 0, (size_t)(HDp * lf) * sizeof(float));
+        memset(t.dvt, 0, (size_t)(HDp * lf) * sizeof(float));
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+            const float *row_lse = lse + (b * H + h) * S;
+            for (int64_t qb = 0; qb < qblocks; qb++) {
+                int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB, kend = i0 + nq;
+                int64_t nqp = amx_round32(nq), kp = amx_round32(kend);
+                const float *dop = dout + (b * S + i0) * ld_dout + h * HD, *op = out + (b * S + i0) * ld_out + h * HD;
+                block_to_bf16(t.q16, HDp, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nqp, HD);
+                block_to_bf16(t.do16, HDp, dop, ld_dout, nq, nqp, HD);
+                transpose_block(t.qt16, t.q16, nqp, HDp);
+                transpose_block(t.dot16, t.do16, nqp, HDp);
+                amx_gemm(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false);
+                attention_softmax_rows(t.p, lf, i0, nq, kp, scale, NULL, row_lse, NULL);
+                amx_gemm(t.dp, lf, t.do16, HDp, pk.vt, HDp, nqp, kp, HDp, false); /* dP = dO·Vᵀ */
+                float di[QB];
+                for (int64_t r = 0; r < nq; r++) { /* Σ dO·O = Σ_j P·dP for this row */
+                    float sum = 0.0f;
+                    for (int64_t d = 0; d < HD; d++) sum += dop[r * ld_dout + d] * op[r * ld_out + d];
+                    di[r] = sum;
+                }
+                /* Rows nq..nqp of P and dP are the zero products of zero q and dO rows: as
+                 * K rows of the dKᵀ and dVᵀ products they add nothing. */
+                for (int64_t r = nq; r < nqp; r++) di[r] = 0.0f;
+                ds_and_pack(&t, lf, lb, nqp, kp, scale, di);
+                float *dqp = dq + (b * S + i0) * ld_dq + h * HD;
+                if (nq == nqp && HD == HDp) {
+                    amx_gemm(dqp, ld_dq, t.ds16, lb, pk.k, Sp, nq, HD, kp, false); /* dQ = dS·K */
+                } else {
+                    amx_gemm(t.res, HDp, t.ds16, lb, pk.k, Sp, nqp, HDp, kp, false);
+                    for (int64_t r = 0; r < nq; r++)
+                        memcpy(dqp + r * ld_dq, t.res + r * HDp, (size_t)HD * sizeof(float));
+                }
+                amx_gemm(t.dkt, lf, t.qt16, QB, t.ds_packed, nqp, HDp, kp, nqp, true); /* dKᵀ += Qᵀ·dS */
+                amx_gemm(t.dvt, lf, t.dot16, QB, t.p_packed, nqp, HDp, kp, nqp, true); /* dVᵀ += dOᵀ·P */
+            }
+        }
+        untranspose(dk + b * S * ld_dk + kvh * HD, ld_dk, t.dkt, lf, S, HD);
+        untranspose(dv + b * S * ld_dv + kvh * HD, ld_dv, t.dvt, lf, S, HD);
+    }
+}
