@@ -1,6 +1,7 @@
 /* attention: GFLOP/s of the flash-attention forward and backward kernels: fp32 with block
- * products in our micro-GEMM, fp32 with them in MKL (where it loads), and bf16 (interleaved
- * round by round), at qwen3-0.6b's head shapes (H=16, KV=8, HD=128) for a list
+ * products in our micro-GEMM, fp32 with them in MKL (where it loads), bf16 with them in the
+ * matmul library, and bf16 on AMX tiles in our kernel (where the CPU has AMX); interleaved
+ * round by round, at qwen3-0.6b's head shapes (H=16, KV=8, HD=128) for a list
  * of sequence lengths, median of `reps`; % of peak against the peak of each dtype.
  * FLOPs are counted as the model's op summary counts them: causal half of the S² scores,
  * 2 matmuls forward and 4 backward (the recomputed scores are not counted, as in MaxText).

@@ -14,6 +14,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/bf16.h"
+#include "model/qwen3.h"
 
 static double now(void) {
     struct timespec ts;
@@ -42,7 +43,8 @@ int main(int argc, char **argv) {
     int threads = argc > 5 ? atoi(argv[5]) : 2;
     omp_set_num_threads(threads);
     const int64_t D = 1024, F = 3072, H = 16, KV = 8, HD = 128, V = 151936;
-    const int64_t XC = (256LL << 20) / 4 / V; /* the default chunk, qwen3_default_xent_chunk */
+    const qwen3_dims_t dims = {.B = 1, .S = T, .V = V};
+    const int64_t XC = qwen3_default_xent_chunk(&dims); /* the model's lm_head chunk at T tokens */
     linear_t lin[] = {{"qkv_proj", (H + 2 * KV) * HD, D}, {"o_proj", D, H * HD},
                       {"gate_up_proj", 2 * F, D},        {"down_proj", D, F},
                       {"lm_head chunk", V, D}};

@@ -1,7 +1,7 @@
 /* xent: the chunked cross-entropy kernel (forward and backward in one pass over a chunk of
  * logits) at the LM head's shape, as time per token and as memory bandwidth: it reads and
  * rewrites every logit once, so it is bound by memory, not arithmetic. Median of `reps`.
- *   build/bench/xent [reps=7] [V=151936] [chunk=441] [threads=2] */
+ *   build/bench/xent [reps=7] [V=151936] [chunk=352] [threads=2] */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +15,7 @@ static int cmp_double(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 7;
-    int64_t V = argc > 2 ? atoll(argv[2]) : 151936, C = argc > 3 ? atoll(argv[3]) : 441;
+    int64_t V = argc > 2 ? atoll(argv[2]) : 151936, C = argc > 3 ? atoll(argv[3]) : 352;
     int threads = argc > 4 ? atoi(argv[4]) : 2;
     if (reps < 1 || reps > 64 || V < 2 || C < 1 || threads < 1) {
         fprintf(stderr, "usage: xent [reps 1..64] [V>=2] [chunk>=1] [threads>=1]\n");

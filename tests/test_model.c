@@ -390,6 +390,28 @@ static void test_memory_never_logits_sized(void **st) {
     assert_true(ratio <= 2.0);
 }
 
+/* The default LM-head chunk: one chunk when the tokens fit under the ~256 MiB cap; else equal
+ * chunks of a multiple of 32 tokens (whole AMX / AVX-512 row blocks), never over the cap, and
+ * as few as the cap allows. */
+static void test_default_xent_chunk(void **state) {
+    (void)state;
+    const int64_t V = 151936, cap = (256LL << 20) / 4 / V; /* 441 */
+    static const int64_t tokens[] = {16, 441, 442, 870, 1024, 2048, 8192, 100003};
+    for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++) {
+        qwen3_dims_t d = {.B = 1, .S = tokens[i], .V = V};
+        int64_t T = tokens[i], c = qwen3_default_xent_chunk(&d);
+        if (T <= cap) {
+            assert_int_equal(c, T);
+            continue;
+        }
+        assert_true(c % 32 == 0 && c <= cap && c > 0);
+        int64_t n = (T + c - 1) / c, cap32 = cap / 32 * 32;
+        assert_int_equal(n, (T + cap32 - 1) / cap32); /* the fewest chunks of a multiple of 32 */
+    }
+    qwen3_dims_t d = {.B = 1, .S = 1024, .V = V};
+    assert_int_equal(qwen3_default_xent_chunk(&d), 352); /* 352 + 352 + 320 */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied_gqa_loss_and_grads),
@@ -402,6 +424,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_against_reference),
         cmocka_unit_test(test_bf16_loss_curve_tracks_fp32),
         cmocka_unit_test(test_memory_never_logits_sized),
+        cmocka_unit_test(test_default_xent_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

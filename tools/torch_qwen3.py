@@ -358,7 +358,7 @@ class Trainer:
 
 
 def run(overrides, binary=DEFAULT_BIN, config=DEFAULT_CONFIG, mode="eager", dtype="float32", threads=0,
-        load=None, save=None, quiet=False):
+        load=None, save=None, quiet=False, profile_step=-1):
     """Trains for the config's `steps` and returns a dict: per-step losses and seconds (completion
     to completion, as stepscope times its steps) and the settings used."""
     t_start = time.monotonic()
@@ -378,7 +378,12 @@ def run(overrides, binary=DEFAULT_BIN, config=DEFAULT_CONFIG, mode="eager", dtyp
     last = time.monotonic()
     for i in range(train.steps):
         tokens = torch.from_numpy(batches(i))
-        loss, grad_norm = trainer.step(tokens)
+        if i == profile_step:  # torch's own op profile of one step, beside stepscope's op summary
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                loss, grad_norm = trainer.step(tokens)
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
+        else:
+            loss, grad_norm = trainer.step(tokens)
         now = time.monotonic()
         steps.append({"step": i, "seconds": now - last, "loss": loss, "grad_norm": grad_norm})
         last = now
@@ -406,12 +411,16 @@ def main(argv=None):
     ap.add_argument("--save-weights", help="write the initial weights here (safetensors, Hugging Face names)")
     ap.add_argument("--json", help="write the result (per-step seconds and losses) here")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--profile-step", type=int, default=-1,
+                    help="print torch.profiler's op table (self CPU time) for this step; its time includes "
+                         "the profiler's overhead")
     a = ap.parse_args(argv)
     bad = [o for o in a.overrides if "=" not in o]
     if bad:
         ap.error(f"{bad[0]!r} is not a key=value override")
     try:
-        result = run(a.overrides, a.bin, a.config, a.mode, a.dtype, a.threads, a.load_weights, a.save_weights, a.quiet)
+        result = run(a.overrides, a.bin, a.config, a.mode, a.dtype, a.threads, a.load_weights, a.save_weights, a.quiet,
+                     a.profile_step)
     except RuntimeError as e:
         print(f"torch_qwen3: {e}", file=sys.stderr)
         return 2

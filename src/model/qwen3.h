@@ -91,10 +91,11 @@ typedef enum { QWEN3_REMAT_NONE, QWEN3_REMAT_MINIMAL, QWEN3_REMAT_FULL } qwen3_r
 /* Activation and scratch sizes, in floats, for the plan. */
 int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, qwen3_remat_t remat);
 int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16, qwen3_remat_t remat);
-/* The default chunk: as many tokens as keep one chunk of logits near 256 MiB (441 tokens for
- * V=151936). The chunk is the K of the head's weight-gradient GEMM: at 110 tokens (64 MiB)
- * the three head GEMMs ran 1.2x (fp32) to 1.5x (bf16) slower than at 256-512
- * (bench/gemm_shapes prints the head GEMMs at a chosen chunk). */
+/* The default chunk: at most as many tokens as keep one chunk of logits near 256 MiB (441 for
+ * V=151936), split into equal chunks of a multiple of 32 tokens (352 at 1024 tokens). The
+ * chunk is the M or K of the head's three GEMMs: at 110 tokens (64 MiB) they ran 1.2x (fp32) to
+ * 1.5x (bf16) slower than at 256-512, and a row count off the multiples of 16 slowed MKL's
+ * bf16 (AMX) products (bench/gemm_shapes prints the head GEMMs at a chosen chunk). */
 int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d);
 
 typedef struct qwen3_model qwen3_model_t;
