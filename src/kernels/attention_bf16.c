@@ -3,11 +3,15 @@
  * library picks the fastest bf16 unit of the CPU (AMX tiles where present, else AVX512-BF16
  * dot products). Softmax, lse, dS and every output stay fp32. Each OpenMP thread uses its own
  * gemm context: contexts cache primitives and are not thread-safe; inside a parallel region
- * the library runs a call on the calling thread only. */
+ * the library runs a call on the calling thread only. Called without contexts, it hands over
+ * to our AMX tile kernel (attention_amx.c). */
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "kernels/amx.h"
 #include "kernels/attention.h"
 #include "kernels/attention_internal.h"
 #include "kernels/bf16.h"
@@ -76,6 +80,14 @@ static void strip_to_bf16(bf16_t *dst, const float *src, int64_t S, int64_t nq, 
     for (int64_t r = 0; r < nq; r++) bf16_from_f32_block(dst + r * S, src + r * S, kend);
 }
 
+/* thread_gemm NULL selects the AMX kernel, which callers choose only where amx_available();
+ * anywhere else its tile instructions would fault, so fail with a message instead. */
+static void require_amx(void) {
+    if (amx_available()) return;
+    fprintf(stderr, "stepscope: internal error: bf16 attention asked for AMX tiles on a CPU or build without them\n");
+    abort();
+}
+
 void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
                             const float *k, int64_t ld_k, const float *v, int64_t ld_v,
                             const attn_shape_t *a, float *scratch, gemm_ctx_t *const *thread_gemm) {
@@ -83,6 +95,7 @@ void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float 
     const int64_t qblocks = (S + QB - 1) / QB;
     const float scale = 1.0f / sqrtf((float)HD);
     if (!thread_gemm) {
+        require_amx();
         attention_forward_bf16_amx(out, ld_out, lse, q, ld_q, k, ld_k, v, ld_v, a, scratch);
         return;
     }
@@ -115,6 +128,7 @@ void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk,
     const int64_t qblocks = (S + QB - 1) / QB;
     const float scale = 1.0f / sqrtf((float)HD);
     if (!thread_gemm) {
+        require_amx();
         attention_backward_bf16_amx(dq, ld_dq, dk, ld_dk, dv, ld_dv, dout, ld_dout, out, ld_out, lse, q, ld_q, k, ld_k,
                                     v, ld_v, a, scratch);
         return;
