@@ -88,15 +88,22 @@ typedef struct {
     uint8_t rows[16];
 } tile_config_t;
 
+/* A static object, not one built on the stack: gcc 12 does not see ldtilecfg read its operand
+ * and dropped the stores of a local configuration in a function of its own (SIGILL at the
+ * first tile load). */
+static const tile_config_t full_tiles = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+void amx_configure_full_tiles(void) { _tile_loadconfig(&full_tiles); }
+
 /* Tiles 0-3: the 32×32 fp32 C block as four 16×16 quarters; 4-5: two 16×32 A tiles (rows
  * m0..m0+15, m0+16..m0+31); 6-7: two 16-pair × 16-column B tiles (columns n0.., n0+16..). */
 void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
               int64_t N, int64_t K, bool accumulate) {
-    tile_config_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-    _tile_loadconfig(&cfg);
+    amx_configure_full_tiles();
     const int64_t cs = ldc * (int64_t)sizeof(float), as = lda * (int64_t)sizeof(bf16_t);
     const int64_t b_panel = Bk / 2 * 32; /* elements per 16-column panel */
     for (int64_t m0 = 0; m0 < M; m0 += 32)
@@ -134,6 +141,8 @@ void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t 
     _tile_release();
 }
 #else
+void amx_configure_full_tiles(void) { __builtin_trap(); /* unreachable, as amx_gemm below */ }
+
 void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
               int64_t N, int64_t K, bool accumulate) {
     /* Unreachable: callers check amx_available(), false in a build without AMX. */

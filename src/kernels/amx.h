@@ -39,6 +39,11 @@ void amx_pack_b_f32(bf16_t *dst, const float *src, int64_t ld, int64_t K, int64_
 void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, const float *r1, int64_t N,
                          int64_t Np);
 
+/* Loads the tile configuration every kernel here uses: all eight tiles 16 rows × 64 bytes
+ * (bf16 A and B tiles of 16 × 32, fp32 C tiles of 16 × 16), on the calling thread;
+ * _tile_release() gives the state back. Requires amx_available(). */
+void amx_configure_full_tiles(void);
+
 /* C[M, N] (+)= A[M, K] · B, A bf16 row-major (row stride lda elements), B packed with K
  * extent Bk (≥ K), C fp32 (row stride ldc). M, N, K are multiples of 32. Runs on the calling
  * thread; requires amx_available(). */

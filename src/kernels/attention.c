@@ -151,6 +151,17 @@ void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, in
     }
 }
 
+float attention_row_dot(const float *a, const float *b, int64_t n) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+void attention_ds_row(float *dp, const float *p, int64_t n, float scale, float di) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) dp[j] = scale * p[j] * (dp[j] - di);
+}
+
 void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const float *row_scale) {
     for (int64_t r = 0; r < nq; r++)
 #pragma omp simd
@@ -267,12 +278,8 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
              * alpha. */
             for (int64_t r = 0; r < rows; r++) {
                 const float *orow = out + (b * S + i0 + r % nq) * ld_out + (h0 + r / nq) * HD;
-                const float *dorow = do_stack + r * HD;
-                float di = 0.0f;
-                for (int64_t d = 0; d < HD; d++) di += dorow[d] * orow[d];
-                float *prow = p + r * ls, *dprow = dp + r * ls;
-#pragma omp simd
-                for (int64_t j = 0; j < kend; j++) dprow[j] = scale * prow[j] * (dprow[j] - di);
+                float di = attention_row_dot(do_stack + r * HD, orow, HD);
+                attention_ds_row(dp + r * ls, p + r * ls, kend, scale, di);
             }
             /* dQ = dS·K, dK += dSᵀ·Q, dV += Pᵀ·dO */
             block_nn(g, rows, HD, kend, S, dp, ls, kp, dq_stack, HD);

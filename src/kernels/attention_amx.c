@@ -124,12 +124,8 @@ static void ds_and_pack(const amx_bufs_t *t, int64_t lf, int64_t lb, int64_t nqp
                         const float *di) {
     for (int64_t r = 0; r < nqp; r += 2) {
         float *p0 = t->p + r * lf, *p1 = p0 + lf, *d0 = t->dp + r * lf, *d1 = d0 + lf;
-        const float di0 = di[r], di1 = di[r + 1];
-#pragma omp simd
-        for (int64_t j = 0; j < kp; j++) {
-            d0[j] = scale * p0[j] * (d0[j] - di0);
-            d1[j] = scale * p1[j] * (d1[j] - di1);
-        }
+        attention_ds_row(d0, p0, kp, scale, di[r]);
+        attention_ds_row(d1, p1, kp, scale, di[r + 1]);
         bf16_from_f32_block(t->ds16 + r * lb, d0, kp);
         bf16_from_f32_block(t->ds16 + (r + 1) * lb, d1, kp);
         amx_pack_b_f32_pair(t->ds_packed, nqp, r, d0, d1, kp, kp);
@@ -213,11 +209,7 @@ void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld
                 attention_softmax_rows(t.p, lf, i0, nq, kp, scale, NULL, row_lse, NULL);
                 amx_gemm(t.dp, lf, t.do16, HDp, pk.vt, HDp, nqp, kp, HDp, false); /* dP = dO·Vᵀ */
                 float di[QB];
-                for (int64_t r = 0; r < nq; r++) { /* Σ dO·O = Σ_j P·dP for this row */
-                    float sum = 0.0f;
-                    for (int64_t d = 0; d < HD; d++) sum += dop[r * ld_dout + d] * op[r * ld_out + d];
-                    di[r] = sum;
-                }
+                for (int64_t r = 0; r < nq; r++) di[r] = attention_row_dot(dop + r * ld_dout, op + r * ld_out, HD);
                 /* Rows nq..nqp of P and dP are the zero products of zero q and dO rows: as
                  * K rows of the dKᵀ and dVᵀ products they add nothing. */
                 for (int64_t r = nq; r < nqp; r++) di[r] = 0.0f;

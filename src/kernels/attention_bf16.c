@@ -156,14 +156,9 @@ void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk,
                 gemm_bf16(g, false, true, nq, kend, HD, t.q16, HD, k16, HD, t.p, S, false);
                 attention_softmax_rows(t.p, S, i0, nq, kend, scale, NULL, row_lse, NULL);
                 gemm_bf16(g, false, true, nq, kend, HD, t.do16, HD, v16, HD, t.dp, S, false); /* dP = dO·Vᵀ */
-                for (int64_t r = 0; r < nq; r++) {
-                    float di = 0.0f; /* Σ dO·O = Σ_j P·dP for this row */
-                    for (int64_t d = 0; d < HD; d++) di += dop[r * ld_dout + d] * op[r * ld_out + d];
-                    float *prow = t.p + r * S, *dprow = t.dp + r * S;
-                    /* dS, with the softmax's 1/sqrt(HD) folded in for dQ and dK */
-#pragma omp simd
-                    for (int64_t j = 0; j < kend; j++) dprow[j] = scale * prow[j] * (dprow[j] - di);
-                }
+                for (int64_t r = 0; r < nq; r++)
+                    attention_ds_row(t.dp + r * S, t.p + r * S, kend, scale,
+                                     attention_row_dot(dop + r * ld_dout, op + r * ld_out, HD));
                 strip_to_bf16(t.ds16, t.dp, S, nq, kend);
                 strip_to_bf16(t.p16, t.p, S, nq, kend);
                 gemm_bf16(g, false, false, nq, HD, kend, t.ds16, S, k16, HD, dq + (b * S + i0) * ld_dq + h * HD, ld_dq, false);

@@ -19,6 +19,13 @@ void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, in
 /* rows[r, 0..HD) *= row_scale[r] for r < nq (row stride ld). */
 void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const float *row_scale);
 
+/* Σ a[d]·b[d] over n terms, summed in order: the backward's Di = Σ dO·O for one query row. */
+float attention_row_dot(const float *a, const float *b, int64_t n);
+
+/* dS for one row: dp[j] = scale · p[j] · (dp[j] − di) for j < n (dP becomes dS in place; the
+ * softmax's 1/sqrt(HD) is folded in for the dQ and dK products). */
+void attention_ds_row(float *dp, const float *p, int64_t n, float scale, float di);
+
 /* dst[S, HD] = src rows [S, HD] (row stride ld), packed. */
 void attention_copy_rows(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD);
 

@@ -18,7 +18,7 @@ typedef struct gemm_ctx gemm_ctx_t;
  *   ONEDNN  oneDNN's matmul primitive (Debian's libdnnl), on every x86-64 CPU;
  *   MKL     Intel oneMKL's cblas_sgemm / cblas_gemm_bf16bf16f32, loaded at run time (gemm_mkl.h);
  *   AUTO    MKL on Intel CPUs where it loads, else oneDNN. On the Intel Xeon (AMX) VM MKL ran
- *           the qwen3-0.6b shapes 1.23x faster in fp32 and 1.24x in bf16 (bench/gemm_shapes);
+ *           the qwen3-0.6b shapes 1.18x faster in fp32 and 1.42x in bf16 (bench/gemm_shapes);
  *           MKL's fast paths are Intel-only, so AMD keeps oneDNN. */
 typedef enum { GEMM_LIB_AUTO, GEMM_LIB_ONEDNN, GEMM_LIB_MKL } gemm_library_t;
 
@@ -40,7 +40,7 @@ const char *gemm_library_detail(const gemm_ctx_t *g);
  * first: oneDNN 2.x ran them at half rate; MKL does not need it. */
 bool gemm_wide_gradients_slow(const gemm_ctx_t *g);
 
-/* Whether fp32 attention should run its block products (64 queries × up to S keys × HD) in
+/* Whether fp32 attention should run its block products (ATTN_QBLOCK queries × up to S keys × HD) in
  * this library rather than in our micro-GEMM: MKL's small-matrix kernels beat it; oneDNN's
  * per-shape primitives (a new one per key extent) do not. */
 bool gemm_suits_attention_blocks(const gemm_ctx_t *g);

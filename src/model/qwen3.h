@@ -106,7 +106,7 @@ typedef struct qwen3_options {
     int64_t xent_chunk;
     float z_loss;
     bool bf16;      /* matmuls take bf16 inputs (fp32 accumulation); see qwen3_create */
-    gemm_library_t gemm_library; /* for the per-thread contexts of bf16 attention */
+    gemm_library_t gemm_library; /* for attention's per-thread contexts, where the library runs its blocks */
     trace_t *trace; /* may be NULL */
     /* Called (when set) during backward as soon as gradients [offset, offset+count) of the
      * gradient buffer are final, in the order backward finishes them: the head (final norm,
