@@ -78,19 +78,6 @@ static amx_bufs_t amx_bufs(float *scratch, const attn_shape_t *a) {
     return t;
 }
 
-/* dst[rows_pad, HDp] = bf16(src[rows, HD]) zero-padded; src row stride ld. */
-static void block_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t ld, int64_t rows, int64_t rows_pad,
-                          int64_t HD) {
-    for (int64_t r = 0; r < rows_pad; r++) {
-        if (r < rows) {
-            bf16_from_f32_block(dst + r * HDp, src + r * ld, HD);
-            memset(dst + r * HDp + HD, 0, (size_t)(HDp - HD) * sizeof(bf16_t));
-        } else {
-            memset(dst + r * HDp, 0, (size_t)HDp * sizeof(bf16_t));
-        }
-    }
-}
-
 /* dst[HDp, QB] = srcᵀ for src [rows_pad, HDp] bf16. */
 static void transpose_block(bf16_t *dst, const bf16_t *src, int64_t rows_pad, int64_t HDp) {
     for (int64_t r = 0; r < rows_pad; r++)
@@ -106,10 +93,10 @@ static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64
         for (int64_t kvh = 0; kvh < a->KV; kvh++) {
             kv_packs_t pk = kv_packs(scratch, a, b, kvh);
             bf16_t *rows = amx_bufs(scratch, a).kv_rows;
-            block_to_bf16(rows, HDp, k + b * S * ld_k + kvh * HD, ld_k, S, S, HD);
+            attention_rows_to_bf16(rows, HDp, k + b * S * ld_k + kvh * HD, ld_k, S, S, HD);
             amx_pack_bt(pk.kt, rows, HDp, S, HDp);
             if (backward) amx_pack_b(pk.k, rows, HDp, S, HDp);
-            block_to_bf16(rows, HDp, v + b * S * ld_v + kvh * HD, ld_v, S, S, HD);
+            attention_rows_to_bf16(rows, HDp, v + b * S * ld_v + kvh * HD, ld_v, S, S, HD);
             if (backward) amx_pack_bt(pk.vt, rows, HDp, S, HDp);
             else amx_pack_b(pk.v, rows, HDp, S, HDp);
         }
@@ -159,7 +146,7 @@ void attention_forward_bf16_amx(float *out, int64_t ld_out, float *lse, const fl
         int64_t nqp = amx_round32(nq), kp = amx_round32(kend);
         kv_packs_t pk = kv_packs(scratch, a, b, h / group);
         amx_bufs_t t = amx_bufs(scratch, a);
-        block_to_bf16(t.q16, HDp, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nqp, HD);
+        attention_rows_to_bf16(t.q16, HDp, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nqp, HD);
         amx_gemm(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false); /* scores = q·kᵀ */
         float inv_sum[QB];
         attention_softmax_rows(t.p, lf, i0, nq, kp, scale, lse + (b * H + h) * S, NULL, inv_sum);
@@ -201,8 +188,8 @@ void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld
                 int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB, kend = i0 + nq;
                 int64_t nqp = amx_round32(nq), kp = amx_round32(kend);
                 const float *dop = dout + (b * S + i0) * ld_dout + h * HD, *op = out + (b * S + i0) * ld_out + h * HD;
-                block_to_bf16(t.q16, HDp, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nqp, HD);
-                block_to_bf16(t.do16, HDp, dop, ld_dout, nq, nqp, HD);
+                attention_rows_to_bf16(t.q16, HDp, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nqp, HD);
+                attention_rows_to_bf16(t.do16, HDp, dop, ld_dout, nq, nqp, HD);
                 transpose_block(t.qt16, t.q16, nqp, HDp);
                 transpose_block(t.dot16, t.do16, nqp, HDp);
                 amx_gemm(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false);

@@ -60,9 +60,16 @@ static bf16_t *v16_of(float *scratch, const attn_shape_t *a, int64_t b, int64_t 
     return (bf16_t *)scratch + a->B * a->KV * a->S * a->HD + (b * a->KV + kvh) * a->S * a->HD;
 }
 
-/* dst[rows, HD] = bf16(src rows [rows, HD] with row stride ld) */
-static void rows_to_bf16(bf16_t *dst, const float *src, int64_t ld, int64_t rows, int64_t HD) {
-    for (int64_t r = 0; r < rows; r++) bf16_from_f32_block(dst + r * HD, src + r * ld, HD);
+void attention_rows_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t ld, int64_t rows, int64_t rows_pad,
+                            int64_t HD) {
+    for (int64_t r = 0; r < rows_pad; r++) {
+        if (r < rows) {
+            bf16_from_f32_block(dst + r * HDp, src + r * ld, HD);
+            memset(dst + r * HDp + HD, 0, (size_t)(HDp - HD) * sizeof(bf16_t));
+        } else {
+            memset(dst + r * HDp, 0, (size_t)HDp * sizeof(bf16_t));
+        }
+    }
 }
 
 static void pack_kv16(float *scratch, const attn_shape_t *a, const float *k, int64_t ld_k, const float *v,
@@ -70,8 +77,9 @@ static void pack_kv16(float *scratch, const attn_shape_t *a, const float *k, int
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < a->B; b++)
         for (int64_t kvh = 0; kvh < a->KV; kvh++) {
-            rows_to_bf16(k16_of(scratch, a, b, kvh), k + b * a->S * ld_k + kvh * a->HD, ld_k, a->S, a->HD);
-            rows_to_bf16(v16_of(scratch, a, b, kvh), v + b * a->S * ld_v + kvh * a->HD, ld_v, a->S, a->HD);
+            const float *kh = k + b * a->S * ld_k + kvh * a->HD, *vh = v + b * a->S * ld_v + kvh * a->HD;
+            attention_rows_to_bf16(k16_of(scratch, a, b, kvh), a->HD, kh, ld_k, a->S, a->S, a->HD);
+            attention_rows_to_bf16(v16_of(scratch, a, b, kvh), a->HD, vh, ld_v, a->S, a->S, a->HD);
         }
 }
 
@@ -107,7 +115,7 @@ void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float 
         int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB, kend = i0 + nq;
         gemm_ctx_t *g = thread_gemm[omp_get_thread_num()];
         thread_bufs_t t = thread_bufs(scratch, a);
-        rows_to_bf16(t.q16, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
+        attention_rows_to_bf16(t.q16, HD, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nq, HD);
         /* scores[nq, kend] = q·kᵀ; the 1/sqrt(HD) is applied in the softmax, in fp32 */
         gemm_bf16(g, false, true, nq, kend, HD, t.q16, HD, k16_of(scratch, a, b, kvh), HD, t.p, S, false);
         float inv_sum[QB];
@@ -151,8 +159,8 @@ void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk,
             for (int64_t qb = 0; qb < qblocks; qb++) {
                 int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB, kend = i0 + nq;
                 const float *dop = dout + (b * S + i0) * ld_dout + h * HD, *op = out + (b * S + i0) * ld_out + h * HD;
-                rows_to_bf16(t.q16, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, HD);
-                rows_to_bf16(t.do16, dop, ld_dout, nq, HD);
+                attention_rows_to_bf16(t.q16, HD, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nq, HD);
+                attention_rows_to_bf16(t.do16, HD, dop, ld_dout, nq, nq, HD);
                 gemm_bf16(g, false, true, nq, kend, HD, t.q16, HD, k16, HD, t.p, S, false);
                 attention_softmax_rows(t.p, S, i0, nq, kend, scale, NULL, row_lse, NULL);
                 gemm_bf16(g, false, true, nq, kend, HD, t.do16, HD, v16, HD, t.dp, S, false); /* dP = dO·Vᵀ */

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "kernels/attention.h"
+#include "kernels/bf16.h"
 
 /* Row r of strip [nq, ld] holds raw scores for query i = i0 + r against keys [0, kend); the
  * masked rest (keys past i) is zeroed.
@@ -25,6 +26,11 @@ float attention_row_dot(const float *a, const float *b, int64_t n);
 /* dS for one row: dp[j] = scale · p[j] · (dp[j] − di) for j < n (dP becomes dS in place; the
  * softmax's 1/sqrt(HD) is folded in for the dQ and dK products). */
 void attention_ds_row(float *dp, const float *p, int64_t n, float scale, float di);
+
+/* dst[rows_pad, HDp] = bf16(src rows [rows, HD], row stride ld), zero-padded to rows_pad rows
+ * and HDp columns (the AMX kernel's tile multiples; the library path passes rows and HD). */
+void attention_rows_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t ld, int64_t rows, int64_t rows_pad,
+                            int64_t HD);
 
 /* dst[S, HD] = src rows [S, HD] (row stride ld), packed. */
 void attention_copy_rows(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD);
