@@ -1,10 +1,11 @@
 /* gemm_shapes: GFLOP/s of every matmul a qwen3-0.6b step makes at T tokens, in the three
  * forms the step uses (forward x·Wᵀ, weight gradient dYᵀ·X, input gradient dY·W), in fp32 and
  * with bf16 inputs, through the same gemm interface the model calls, for each matmul library
- * this machine has (oneDNN always, MKL where it loads: config key gemm_library). All variants
- * of a shape run interleaved round by round, so a noisy neighbour hits them alike; each prints
- * its median of `reps` calls and % of the peak of its dtype given on the command line, then
- * the MKL/oneDNN speed ratio per dtype.
+ * this machine has (oneDNN always, MKL where it loads: config key gemm_library), and for bf16
+ * our blocked AMX kernel where the CPU has AMX (what gemm_bf16 runs there). All variants of a
+ * shape run interleaved call by call, so a noisy neighbour hits them alike; each prints its
+ * median of `reps` calls and % of the peak of its dtype given on the command line, then the
+ * speed ratios, per shape once and weighted as often as a step runs each shape.
  *   build/bench/gemm_shapes [T=1024] [reps=5] [fp32_peak_gflops=446] [bf16_peak_gflops=892] [threads=2] */
 #include <omp.h>
 #include <stdio.h>
@@ -49,19 +50,30 @@ int main(int argc, char **argv) {
                       {"gate_up_proj", 2 * F, D},        {"down_proj", D, F},
                       {"lm_head chunk", V, D}};
     char err[256];
-    gemm_ctx_t *g[2] = {gemm_create(GEMM_LIB_ONEDNN, err, sizeof err), NULL};
+    /* Variants: fp32 onednn, fp32 mkl, bf16 onednn, bf16 mkl, bf16 on our AMX kernel (amx_gemm.h:
+     * what gemm_bf16 runs on AMX CPUs; the others have it turned off). */
+    enum { NVAR = 5 };
+    static const char *names[NVAR] = {"fp32 onednn", "fp32 mkl", "bf16 onednn", "bf16 mkl", "bf16 amx"};
+    gemm_ctx_t *g[3] = {gemm_create(GEMM_LIB_ONEDNN, err, sizeof err), NULL, NULL};
     if (!g[0]) { fprintf(stderr, "%s\n", err); return 1; }
     g[1] = gemm_create(GEMM_LIB_MKL, err, sizeof err);
-    int nlib = g[1] ? 2 : 1;
     if (!g[1]) printf("MKL not measured: %s\n", err);
-    bool bf16_ok[2] = {gemm_bf16_supported(g[0]), g[1] && gemm_bf16_supported(g[1])};
+    g[2] = gemm_create(g[1] ? GEMM_LIB_MKL : GEMM_LIB_ONEDNN, err, sizeof err); /* its fallback: the faster library */
+    gemm_set_bf16_tiles(g[0], false);
+    if (g[1]) gemm_set_bf16_tiles(g[1], false);
+    if (!gemm_bf16_tiles(g[2])) printf("AMX kernel not measured: this CPU or build has no AMX\n");
+    gemm_ctx_t *ctx[NVAR] = {g[0], g[1], g[0], g[1], gemm_bf16_tiles(g[2]) ? g[2] : NULL};
+    bool on[NVAR] = {true, g[1] != NULL, gemm_bf16_supported(g[0]), g[1] && gemm_bf16_supported(g[1]), ctx[4] != NULL};
+    const int64_t chunks = (T + XC - 1) / XC;
     printf("qwen3-0.6b matmuls at T=%lld tokens (lm_head: chunk of %lld), %d threads, median of %d; GFLOP/s (%% of peak)\n",
            (long long)T, (long long)XC, threads, reps);
-    printf("%-14s %-16s %15s %15s %7s %15s %15s %7s\n", "matmul", "form", "fp32 onednn", "fp32 mkl", "mkl/dnn",
-           "bf16 onednn", "bf16 mkl", "mkl/dnn");
-    double sum[4] = {0}, flops = 0;
+    printf("%-14s %-16s %15s %15s %7s %15s %15s %15s %7s\n", "matmul", "form", names[0], names[1], "mkl/dnn", names[2],
+           names[3], names[4], "amx/mkl");
+    /* sum: each shape once per form; step: as often as a step runs it (28 layers, the head's chunks) */
+    double sum[NVAR] = {0}, step[NVAR] = {0}, flops = 0, step_flops = 0;
     for (size_t l = 0; l < sizeof lin / sizeof lin[0]; l++) {
-        int64_t out = lin[l].out, in = lin[l].in, t = strstr(lin[l].name, "lm_head") ? XC : T;
+        bool head = strstr(lin[l].name, "lm_head") != NULL;
+        int64_t out = lin[l].out, in = lin[l].in, t = head ? XC : T, times = head ? chunks : 28;
         float *x = filled(t * in), *W = filled(out * in), *dy = filled(t * out), *y = filled(t * out);
         float *dW = filled(out * in), *dx = filled(t * in);
         bf16_t *x16 = malloc((size_t)(t * in) * 2), *W16 = malloc((size_t)(out * in) * 2), *dy16 = malloc((size_t)(t * out) * 2);
@@ -69,69 +81,74 @@ int main(int argc, char **argv) {
         bf16_from_f32_array(W16, W, out * in);
         bf16_from_f32_array(dy16, dy, t * out);
         static const char *forms[] = {"fwd   y=x·Wᵀ", "wgrad dW+=dyᵀ·x", "dgrad dx=dy·W"};
-        /* variant v: form v % 3, library (v / 3) % 2, bf16 when v >= 6 */
-        double ts[12][64];
+        double ts[NVAR][3][64];
         for (int r = -1; r < reps; r++) /* r = -1 creates the primitives, untimed */
-            for (int v = 0; v < 12; v++) {
-                int lib = (v / 3) % 2;
-                bool bf = v >= 6;
-                if (lib >= nlib || (bf && !bf16_ok[lib])) continue;
-                gemm_ctx_t *c = g[lib];
-                double t0 = now();
-                switch (v % 3) {
-                case 0:
-                    if (bf) gemm_bf16(c, false, true, t, out, in, x16, in, W16, in, y, out, false);
-                    else gemm_f32(c, false, true, t, out, in, x, in, W, in, y, out, false);
-                    break;
-                case 1:
-                    if (bf) gemm_bf16(c, true, false, out, in, t, dy16, out, x16, in, dW, in, true);
-                    else gemm_f32(c, true, false, out, in, t, dy, out, x, in, dW, in, true);
-                    break;
-                case 2:
-                    if (bf) gemm_bf16(c, false, false, t, in, out, dy16, out, W16, in, dx, in, false);
-                    else gemm_f32(c, false, false, t, in, out, dy, out, W, in, dx, in, false);
-                    break;
+            for (int k = 0; k < NVAR; k++)
+                for (int f = 0; f < 3; f++) {
+                    if (!on[k]) continue;
+                    gemm_ctx_t *c = ctx[k];
+                    bool bf = k >= 2;
+                    double t0 = now();
+                    switch (f) {
+                    case 0:
+                        if (bf) gemm_bf16(c, false, true, t, out, in, x16, in, W16, in, y, out, false);
+                        else gemm_f32(c, false, true, t, out, in, x, in, W, in, y, out, false);
+                        break;
+                    case 1:
+                        if (bf) gemm_bf16(c, true, false, out, in, t, dy16, out, x16, in, dW, in, true);
+                        else gemm_f32(c, true, false, out, in, t, dy, out, x, in, dW, in, true);
+                        break;
+                    case 2:
+                        if (bf) gemm_bf16(c, false, false, t, in, out, dy16, out, W16, in, dx, in, false);
+                        else gemm_f32(c, false, false, t, in, out, dy, out, W, in, dx, in, false);
+                        break;
+                    }
+                    if (r >= 0) ts[k][f][r] = now() - t0;
                 }
-                if (r >= 0) ts[v][r] = now() - t0;
-            }
         double flop = 2.0 * (double)t * (double)out * (double)in;
         for (int f = 0; f < 3; f++) {
-            double med[4] = {0}; /* fp32 onednn, fp32 mkl, bf16 onednn, bf16 mkl */
-            char cell[4][32];
-            for (int k = 0; k < 4; k++) {
-                int v = f + 3 * (k % 2) + 6 * (k / 2), lib = k % 2;
-                bool bf = k >= 2;
-                if (lib >= nlib || (bf && !bf16_ok[lib])) {
+            double med[NVAR] = {0};
+            char cell[NVAR][32];
+            for (int k = 0; k < NVAR; k++) {
+                if (!on[k]) {
                     snprintf(cell[k], sizeof cell[k], "-");
                     continue;
                 }
-                qsort(ts[v], (size_t)reps, sizeof(double), cmp_double);
-                med[k] = ts[v][reps / 2];
+                qsort(ts[k][f], (size_t)reps, sizeof(double), cmp_double);
+                med[k] = ts[k][f][reps / 2];
                 sum[k] += med[k];
+                step[k] += (double)times * med[k];
                 double gf = flop / med[k] * 1e-9;
-                snprintf(cell[k], sizeof cell[k], "%.1f (%.0f%%)", gf, 100.0 * gf / (bf ? peak16 : peak32));
+                snprintf(cell[k], sizeof cell[k], "%.1f (%.0f%%)", gf, 100.0 * gf / (k >= 2 ? peak16 : peak32));
             }
             char r32[16] = "-", r16[16] = "-";
             if (med[1] > 0) snprintf(r32, sizeof r32, "%.2fx", med[0] / med[1]);
-            if (med[3] > 0 && med[2] > 0) snprintf(r16, sizeof r16, "%.2fx", med[2] / med[3]);
-            printf("%-14s %-16s %15s %15s %7s %15s %15s %7s\n", lin[l].name, forms[f], cell[0], cell[1], r32, cell[2],
-                   cell[3], r16);
+            double lib16 = med[3] > 0 ? med[3] : med[2];
+            if (med[4] > 0 && lib16 > 0) snprintf(r16, sizeof r16, "%.2fx", lib16 / med[4]);
+            printf("%-14s %-16s %15s %15s %7s %15s %15s %15s %7s\n", lin[l].name, forms[f], cell[0], cell[1], r32,
+                   cell[2], cell[3], cell[4], r16);
             flops += flop;
+            step_flops += (double)times * flop;
         }
         free(x16); free(W16); free(dy16);
         free(x); free(W); free(dy); free(y); free(dW); free(dx);
     }
-    static const char *names[4] = {"fp32 onednn", "fp32 mkl", "bf16 onednn", "bf16 mkl"};
-    printf("all matmuls of a step (each shape once per form):\n");
-    for (int k = 0; k < 4; k++)
+    printf("all matmuls of a step, each shape once per form | weighted as a step runs them (28 layers, %lld head chunks):\n",
+           (long long)chunks);
+    for (int k = 0; k < NVAR; k++)
         if (sum[k] > 0)
-            printf("  %-12s %7.1f GFLOP/s (%.1f%% of peak)\n", names[k], flops / sum[k] * 1e-9,
-                   100 * flops / sum[k] * 1e-9 / (k >= 2 ? peak16 : peak32));
+            printf("  %-12s %7.1f GFLOP/s (%.1f%% of peak) | %7.1f GFLOP/s, %.0f ms a step\n", names[k],
+                   flops / sum[k] * 1e-9, 100 * flops / sum[k] * 1e-9 / (k >= 2 ? peak16 : peak32),
+                   step_flops / step[k] * 1e-9, step[k] * 1e3);
     if (sum[1] > 0) printf("  fp32: mkl %.2fx onednn\n", sum[0] / sum[1]);
     if (sum[3] > 0 && sum[2] > 0) printf("  bf16: mkl %.2fx onednn\n", sum[2] / sum[3]);
     if (sum[2] > 0) printf("  onednn: bf16 %.2fx fp32\n", sum[0] / sum[2]);
     if (sum[3] > 0) printf("  mkl: bf16 %.2fx fp32\n", sum[1] / sum[3]);
+    double lib16 = step[3] > 0 ? step[3] : step[2];
+    if (step[4] > 0 && lib16 > 0)
+        printf("  bf16, a step's worth: amx kernel %.2fx %s\n", lib16 / step[4], step[3] > 0 ? "mkl" : "onednn");
     gemm_destroy(g[0]);
     gemm_destroy(g[1]);
+    gemm_destroy(g[2]);
     return 0;
 }

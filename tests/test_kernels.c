@@ -25,6 +25,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/amx.h"
+#include "kernels/amx_gemm.h"
 #include "kernels/attention.h"
 #include "kernels/embed.h"
 #include "kernels/bf16.h"
@@ -143,9 +144,13 @@ static void test_gemm_vs_naive(void **state) {
  * over K ≤ 300 terms, the same ~1e-6 as the fp32 case (bound 1e-5). All transposes,
  * accumulate and padded leading dims. */
 static void test_gemm_bf16_vs_naive(void **state) {
-    static const int64_t shapes[][3] = {{37, 53, 29}, {1, 1, 1}, {64, 48, 300}, {17, 5, 3}, {3, 130, 64}};
+    static const int64_t shapes[][3] = {{37, 53, 29}, {1, 1, 1}, {64, 48, 300}, {17, 5, 3}, {3, 130, 64}, {64, 96, 96}};
     test_rng_t rng = {2};
     gemm_ctx_t *g = new_gemm_of(state);
+    /* The library's own products, also where our AMX kernel would take the shape (its own test
+     * is test_amx_gemm_bf16_vs_naive). */
+    assert_true(gemm_bf16_tiles(g) == amx_available());
+    gemm_set_bf16_tiles(g, false);
     double worst = 0.0;
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
         for (int ta = 0; ta < 2; ta++)
@@ -175,6 +180,77 @@ static void test_gemm_bf16_vs_naive(void **state) {
                 }
     CHECK_LE("gemm_bf16 vs naive on bf16-rounded inputs, worst rel Frobenius", worst, 1e-5);
     gemm_destroy(g);
+}
+
+/* One amx_gemm_bf16 case against the naive fp32 gemm on the same bf16-rounded values, on
+ * `threads` threads; C's row padding must stay untouched. Returns the relative Frobenius error
+ * and leaves the result in *out (M × ldc) for comparisons across thread counts. */
+static double amx_gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad, bool acc, int threads,
+                            test_rng_t *rng, float **out) {
+    int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb;
+    float *A = falloc((size_t)na), *B = falloc((size_t)nb), *C = falloc((size_t)(M * ldc)), *Cref = falloc((size_t)(M * ldc));
+    bf16_t *A16 = malloc((size_t)na * sizeof(bf16_t)), *B16 = malloc((size_t)nb * sizeof(bf16_t));
+    bf16_t *work = aligned_alloc(64, (size_t)(threads * amx_gemm_workspace_elems()) * sizeof(bf16_t));
+    fill_uniform(A, (size_t)na, rng, -1.0f, 1.0f);
+    fill_uniform(B, (size_t)nb, rng, -1.0f, 1.0f);
+    bf16_from_f32_array(A16, A, na);
+    bf16_from_f32_array(B16, B, nb);
+    for (int64_t i = 0; i < na; i++) A[i] = bf16_to_f32(A16[i]);
+    for (int64_t i = 0; i < nb; i++) B[i] = bf16_to_f32(B16[i]);
+    fill_const(C, (size_t)(M * ldc), SENTINEL);
+    for (int64_t i = 0; i < M; i++) fill_uniform(C + i * ldc, (size_t)N, rng, -1.0f, 1.0f);
+    memcpy(Cref, C, (size_t)(M * ldc) * sizeof(float));
+    amx_gemm_bf16(ta, tb, M, N, K, A16, lda, B16, ldb, C, ldc, acc, work, threads);
+    gemm_f32_naive(ta, tb, M, N, K, A, lda, B, ldb, Cref, ldc, acc);
+    double err = rel_err_2d(C, ldc, Cref, ldc, M, N);
+    if (!padding_intact(C, M, N, ldc, SENTINEL))
+        fail_msg("amx_gemm_bf16 ta=%d tb=%d %ldx%ldx%ld wrote into C's padding", ta, tb, (long)M, (long)N, (long)K);
+    *out = C;
+    free(A), free(B), free(Cref), free(A16), free(B16), free(work);
+    return err;
+}
+
+/* The blocked AMX kernel behind gemm_bf16 on AMX CPUs, in all four transpose forms, with and
+ * without accumulate, over shapes that take each of its paths: K not a multiple of 32 (A
+ * packed, K zero-padded), K a multiple of 32 (A read in place), a row stride that is a multiple
+ * of 4 KiB (A packed again), K deeper than one 1024-deep block (C carried across blocks), and C
+ * too wide both ways for either operand to be packed whole (the GotoBLAS blocks). Products of
+ * bf16 values are exact in fp32, so the error is fp32 summation over K terms, at worst K·2⁻²⁴
+ * relative (and ~1e-6 in practice); each case must also give the same bits on one and two
+ * threads, since threads only split C. */
+static void test_amx_gemm_bf16_vs_naive(void **state) {
+    (void)state;
+    if (!amx_available()) {
+        printf("AMX blocked products not tested: this CPU or build has no AMX\n");
+        return;
+    }
+    static const int64_t cases[][4] = {/* M, N, K, pad */
+                                       {32, 32, 1, 3},     {64, 96, 300, 5},  {96, 64, 320, 5},
+                                       {64, 32, 2048, 0},  {32, 64, 2088, 7}, {1088, 1056, 40, 1}};
+    test_rng_t rng = {4};
+    double worst = 0.0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int64_t M = cases[c][0], N = cases[c][1], K = cases[c][2], pad = cases[c][3];
+                    if (M * N > 65536 && (ta || tb || acc)) continue; /* the wide case: one form keeps it quick */
+                    float *C1, *C2;
+                    test_rng_t again = rng;
+                    double e = amx_gemm_case(ta, tb, M, N, K, pad, acc, 1, &rng, &C1);
+                    amx_gemm_case(ta, tb, M, N, K, pad, acc, 2, &again, &C2);
+                    if (memcmp(C1, C2, (size_t)(M * (N + pad)) * sizeof(float)))
+                        fail_msg("amx_gemm_bf16 ta=%d tb=%d %ldx%ldx%ld differs between 1 and 2 threads", ta, tb,
+                                 (long)M, (long)N, (long)K);
+                    double bound = fmax(1e-6, (double)K * 0x1p-24);
+                    if (!(e < bound))
+                        fail_msg("amx_gemm_bf16 ta=%d tb=%d acc=%d %ldx%ldx%ld: rel err %.3e over %.1e", ta, tb, acc,
+                                 (long)M, (long)N, (long)K, e, bound);
+                    worst = e > worst ? e : worst;
+                    free(C1), free(C2);
+                }
+    CHECK_LE("amx_gemm_bf16 vs naive on bf16-rounded inputs, worst rel Frobenius", worst, 2088 * 0x1p-24);
 }
 
 /* amx_gemm with each packing against the naive fp32 gemm on the same bf16-rounded values
@@ -1310,6 +1386,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_rounding),
         TEST_WITH_LIB(test_gemm_caches_primitives, LIB_ONEDNN, "onednn"),
         cmocka_unit_test(test_amx_gemm_vs_naive),
+        cmocka_unit_test(test_amx_gemm_bf16_vs_naive),
         cmocka_unit_test(test_microgemm_vs_naive),
         cmocka_unit_test(test_rmsnorm_forward),
         cmocka_unit_test(test_rmsnorm_backward_fd),

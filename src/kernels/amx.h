@@ -2,7 +2,8 @@
  * small for a GEMM library to amortise its per-call packing: attention's [128 × S × 128]
  * block products ran at 6% of the tile unit's peak through MKL. Here the B operands (K, V,
  * and the probability strips) are packed once into the tile unit's layout by the caller and
- * each product is a plain loop of tile loads and dot products.
+ * each product is a plain loop of tile loads and dot products. amx_gemm.h builds whole
+ * matrix products (the linear layers) on the same tile product.
  *
  * Packed B layout ("vnni"): a K×N matrix B is stored as [N/16][Kp/2][16][2], where Kp is the
  * packed K extent: element (k, n) sits at ((n/16)·(Kp/2) + k/2)·32 + (n%16)·2 + k%2. One tile
@@ -43,6 +44,28 @@ void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, co
  * (bf16 A and B tiles of 16 × 32, fp32 C tiles of 16 × 16), on the calling thread;
  * _tile_release() gives the state back. Requires amx_available(). */
 void amx_configure_full_tiles(void);
+
+/* Where a tile product finds A's 16 × 32 tiles: in a row-major bf16 A, or packed tile by tile
+ * (amx_gemm.c's layout [M/32][K/32][2][16][32]). */
+typedef struct {
+    const bf16_t *p;
+    int64_t stride;    /* bytes between a tile's rows */
+    int64_t lower;     /* elements from a 32-row block's upper tile to its lower one */
+    int64_t k_step;    /* elements from one 32-deep K step to the next */
+    int64_t row_block; /* elements from one 32-row block to the next */
+} amx_a_tiles_t;
+
+static inline amx_a_tiles_t amx_a_row_major(const bf16_t *A, int64_t lda) {
+    return (amx_a_tiles_t){A, lda * (int64_t)sizeof(bf16_t), 16 * lda, 32, 32 * lda};
+}
+static inline amx_a_tiles_t amx_a_packed(const bf16_t *Ap, int64_t Kp) {
+    return (amx_a_tiles_t){Ap, 64, 512, 1024, (Kp / 32) * 1024};
+}
+
+/* C[M, N] (+)= A · B over K, B packed with K extent Bk (≥ K), C fp32 (row stride ldc); M, N, K
+ * multiples of 32. The tiles must be configured (amx_configure_full_tiles) on this thread. */
+void amx_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M, int64_t N,
+                      int64_t K, bool accumulate);
 
 /* C[M, N] (+)= A[M, K] · B, A bf16 row-major (row stride lda elements), B packed with K
  * extent Bk (≥ K), C fp32 (row stride ldc). M, N, K are multiples of 32. Runs on the calling

@@ -55,6 +55,15 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate);
 
+/* Where gemm_bf16's products run, for the console: on CPUs with AMX, our blocked tile kernel
+ * (amx_gemm.h) takes every product whose M and N are multiples of 32, the library the rest. */
+const char *gemm_bf16_detail(const gemm_ctx_t *g);
+bool gemm_bf16_tiles(const gemm_ctx_t *g);
+
+/* Turns the tile kernel off (or back on, where the CPU has AMX), so that tests and benchmarks
+ * can run the library's bf16 products on the same shapes. */
+void gemm_set_bf16_tiles(gemm_ctx_t *g, bool on);
+
 /* Whether this CPU (and the library build) can run gemm_bf16. */
 bool gemm_bf16_supported(gemm_ctx_t *g);
 

@@ -2,9 +2,12 @@
  * library. Every oneDNN call of the project lives here: the 2.x C API (dnnl_matmul_desc_init,
  * memory descs by strides) changed in 3.x. */
 #include "kernels/gemm.h"
+#include "kernels/amx.h"
+#include "kernels/amx_gemm.h"
 #include "kernels/gemm_mkl.h"
 
 #include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +26,10 @@ struct gemm_ctx {
     int num_entries, cap_entries;
     int last_hit;
     const mkl_blas_t *mkl; /* set when MKL runs the products */
-    char detail[600];
+    bool bf16_tiles;       /* bf16 products of whole 32-blocks run on amx_gemm.c */
+    bf16_t *tile_work;     /* its packing space, for tile_work_threads threads */
+    int tile_work_threads;
+    char detail[600], bf16_detail[200];
 };
 
 int gemm_library_parse(const char *name) {
@@ -53,6 +59,15 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     else
         snprintf(g->detail, sizeof g->detail, "onednn (%s)",
                  auto_wants_mkl ? "MKL not found" : "matmul primitive");
+    /* On AMX our blocked kernel beat MKL's bf16 products on qwen3-0.6b's shapes (amx_gemm.h),
+     * and MKL beat oneDNN's. */
+    g->bf16_tiles = amx_available();
+    const char *library_bf16 = g->mkl && mkl_has_bf16(g->mkl) ? "mkl" : "onednn";
+    if (g->bf16_tiles)
+        snprintf(g->bf16_detail, sizeof g->bf16_detail, "AMX tiles (stepscope's blocked kernel) where M and N are "
+                 "multiples of 32 and K at most 8192, else %s", library_bf16);
+    else
+        snprintf(g->bf16_detail, sizeof g->bf16_detail, "%s", library_bf16);
     if (dnnl_engine_create(&g->engine, dnnl_cpu, 0) != dnnl_success ||
         dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags) != dnnl_success) {
         snprintf(err, errlen, "oneDNN could not create a CPU engine (is libdnnl2 installed?)");
@@ -64,6 +79,9 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
 
 const char *gemm_library_name(const gemm_ctx_t *g) { return g->mkl ? "mkl" : "onednn"; }
 const char *gemm_library_detail(const gemm_ctx_t *g) { return g->detail; }
+const char *gemm_bf16_detail(const gemm_ctx_t *g) { return g->bf16_detail; }
+bool gemm_bf16_tiles(const gemm_ctx_t *g) { return g->bf16_tiles; }
+void gemm_set_bf16_tiles(gemm_ctx_t *g, bool on) { g->bf16_tiles = on && amx_available(); }
 bool gemm_wide_gradients_slow(const gemm_ctx_t *g) { return !g->mkl; }
 bool gemm_suits_attention_blocks(const gemm_ctx_t *g) { return g->mkl != NULL; }
 
@@ -77,6 +95,7 @@ void gemm_destroy(gemm_ctx_t *g) {
         dnnl_primitive_destroy(e->prim);
     }
     free(g->entries);
+    free(g->tile_work);
     dnnl_stream_destroy(g->stream);
     dnnl_engine_destroy(g->engine);
     free(g);
@@ -215,6 +234,20 @@ void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, i
 void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate) {
+    if (g->bf16_tiles && amx_gemm_bf16_fits(M, N, K)) {
+        int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+        if (threads > g->tile_work_threads) {
+            free(g->tile_work);
+            size_t bytes = (size_t)threads * (size_t)amx_gemm_workspace_elems() * sizeof(bf16_t);
+            if (!(g->tile_work = aligned_alloc(64, bytes))) {
+                fprintf(stderr, "stepscope: out of memory for %zu bytes of bf16 packing space\n", bytes);
+                abort();
+            }
+            g->tile_work_threads = threads;
+        }
+        amx_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads);
+        return;
+    }
     if (g->mkl && M > 0 && N > 0 && K > 0 && mkl_has_bf16(g->mkl)) {
         mkl_gemm_bf16(g->mkl, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
         return;
