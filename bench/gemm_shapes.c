@@ -58,9 +58,8 @@ int main(int argc, char **argv) {
     if (!g[0]) { fprintf(stderr, "%s\n", err); return 1; }
     g[1] = gemm_create(GEMM_LIB_MKL, err, sizeof err);
     if (!g[1]) printf("MKL not measured: %s\n", err);
-    g[2] = gemm_create(g[1] ? GEMM_LIB_MKL : GEMM_LIB_ONEDNN, err, sizeof err); /* its fallback: the faster library */
-    gemm_set_bf16_tiles(g[0], false);
-    if (g[1]) gemm_set_bf16_tiles(g[1], false);
+    g[2] = gemm_create(GEMM_LIB_AUTO, err, sizeof err); /* the AMX kernel; a named library runs all */
+    if (!g[2]) { fprintf(stderr, "%s\n", err); return 1; }
     if (!gemm_bf16_tiles(g[2])) printf("AMX kernel not measured: this CPU or build has no AMX\n");
     gemm_ctx_t *ctx[NVAR] = {g[0], g[1], g[0], g[1], gemm_bf16_tiles(g[2]) ? g[2] : NULL};
     bool on[NVAR] = {true, g[1] != NULL, gemm_bf16_supported(g[0]), g[1] && gemm_bf16_supported(g[1]), ctx[4] != NULL};

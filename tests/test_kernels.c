@@ -147,10 +147,9 @@ static void test_gemm_bf16_vs_naive(void **state) {
     static const int64_t shapes[][3] = {{37, 53, 29}, {1, 1, 1}, {64, 48, 300}, {17, 5, 3}, {3, 130, 64}, {64, 96, 96}};
     test_rng_t rng = {2};
     gemm_ctx_t *g = new_gemm_of(state);
-    /* The library's own products, also where our AMX kernel would take the shape (its own test
-     * is test_amx_gemm_bf16_vs_naive). */
-    assert_true(gemm_bf16_tiles(g) == amx_available());
-    gemm_set_bf16_tiles(g, false);
+    /* A library named outright runs every product itself, also where our AMX kernel would take
+     * the shape under gemm_library=auto (that kernel's test is test_amx_gemm_bf16_vs_naive). */
+    assert_false(gemm_bf16_tiles(g));
     double worst = 0.0;
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
         for (int ta = 0; ta < 2; ta++)
@@ -251,6 +250,27 @@ static void test_amx_gemm_bf16_vs_naive(void **state) {
                     free(C1), free(C2);
                 }
     CHECK_LE("amx_gemm_bf16 vs naive on bf16-rounded inputs, worst rel Frobenius", worst, 2088 * 0x1p-24);
+
+    /* gemm_library=auto hands such products to it through gemm_bf16, and says so. */
+    char err[512] = "";
+    gemm_ctx_t *g = gemm_create(GEMM_LIB_AUTO, err, sizeof err);
+    if (!g) fail_msg("gemm_create: %s", err);
+    assert_true(gemm_bf16_tiles(g));
+    assert_non_null(strstr(gemm_bf16_detail(g), "AMX tiles"));
+    const int64_t M = 64, N = 96, K = 96;
+    bf16_t *A16 = malloc((size_t)(M * K) * sizeof(bf16_t)), *B16 = malloc((size_t)(K * N) * sizeof(bf16_t));
+    float *A = falloc((size_t)(M * K)), *B = falloc((size_t)(K * N)), *C = falloc((size_t)(M * N)), *Cref = falloc((size_t)(M * N));
+    fill_uniform(A, (size_t)(M * K), &rng, -1.0f, 1.0f);
+    fill_uniform(B, (size_t)(K * N), &rng, -1.0f, 1.0f);
+    bf16_from_f32_array(A16, A, M * K);
+    bf16_from_f32_array(B16, B, K * N);
+    for (int64_t i = 0; i < M * K; i++) A[i] = bf16_to_f32(A16[i]);
+    for (int64_t i = 0; i < K * N; i++) B[i] = bf16_to_f32(B16[i]);
+    gemm_bf16(g, false, false, M, N, K, A16, K, B16, N, C, N, false);
+    gemm_f32_naive(false, false, M, N, K, A, K, B, N, Cref, N, false);
+    CHECK_LE("gemm_bf16 (auto: AMX kernel) vs naive", rel_err_2d(C, N, Cref, N, M, N), K * 0x1p-24);
+    free(A16), free(B16), free(A), free(B), free(C), free(Cref);
+    gemm_destroy(g);
 }
 
 /* amx_gemm with each packing against the naive fp32 gemm on the same bf16-rounded values

@@ -19,7 +19,9 @@ typedef struct gemm_ctx gemm_ctx_t;
  *   MKL     Intel oneMKL's cblas_sgemm / cblas_gemm_bf16bf16f32, loaded at run time (gemm_mkl.h);
  *   AUTO    MKL on Intel CPUs where it loads, else oneDNN. On the Intel Xeon (AMX) VM MKL ran
  *           the qwen3-0.6b shapes 1.18x faster in fp32 and 1.42x in bf16 (bench/gemm_shapes);
- *           MKL's fast paths are Intel-only, so AMD keeps oneDNN. */
+ *           MKL's fast paths are Intel-only, so AMD keeps oneDNN. On CPUs with AMX, AUTO also
+ *           runs bf16 products whose M and N are multiples of 32 on our blocked tile kernel
+ *           (amx_gemm.h), which beat MKL's there. */
 typedef enum { GEMM_LIB_AUTO, GEMM_LIB_ONEDNN, GEMM_LIB_MKL } gemm_library_t;
 
 /* "auto" | "onednn" | "mkl" -> the enum; -1 for anything else. */
@@ -55,14 +57,10 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate);
 
-/* Where gemm_bf16's products run, for the console: on CPUs with AMX, our blocked tile kernel
- * (amx_gemm.h) takes every product whose M and N are multiples of 32, the library the rest. */
+/* Where gemm_bf16's products run, for the console; and whether our AMX kernel takes those it
+ * can (GEMM_LIB_AUTO on a CPU with AMX). */
 const char *gemm_bf16_detail(const gemm_ctx_t *g);
 bool gemm_bf16_tiles(const gemm_ctx_t *g);
-
-/* Turns the tile kernel off (or back on, where the CPU has AMX), so that tests and benchmarks
- * can run the library's bf16 products on the same shapes. */
-void gemm_set_bf16_tiles(gemm_ctx_t *g, bool on);
 
 /* Whether this CPU (and the library build) can run gemm_bf16. */
 bool gemm_bf16_supported(gemm_ctx_t *g);

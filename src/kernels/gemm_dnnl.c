@@ -60,8 +60,9 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
         snprintf(g->detail, sizeof g->detail, "onednn (%s)",
                  auto_wants_mkl ? "MKL not found" : "matmul primitive");
     /* On AMX our blocked kernel beat MKL's bf16 products on qwen3-0.6b's shapes (amx_gemm.h),
-     * and MKL beat oneDNN's. */
-    g->bf16_tiles = amx_available();
+     * and MKL beat oneDNN's; auto takes it. A library named outright runs every product, so
+     * gemm_library=mkl or onednn is also how to measure the kernel against one. */
+    g->bf16_tiles = lib == GEMM_LIB_AUTO && amx_available();
     const char *library_bf16 = g->mkl && mkl_has_bf16(g->mkl) ? "mkl" : "onednn";
     if (g->bf16_tiles)
         snprintf(g->bf16_detail, sizeof g->bf16_detail, "AMX tiles (stepscope's blocked kernel) where M and N are "
@@ -81,7 +82,6 @@ const char *gemm_library_name(const gemm_ctx_t *g) { return g->mkl ? "mkl" : "on
 const char *gemm_library_detail(const gemm_ctx_t *g) { return g->detail; }
 const char *gemm_bf16_detail(const gemm_ctx_t *g) { return g->bf16_detail; }
 bool gemm_bf16_tiles(const gemm_ctx_t *g) { return g->bf16_tiles; }
-void gemm_set_bf16_tiles(gemm_ctx_t *g, bool on) { g->bf16_tiles = on && amx_available(); }
 bool gemm_wide_gradients_slow(const gemm_ctx_t *g) { return !g->mkl; }
 bool gemm_suits_attention_blocks(const gemm_ctx_t *g) { return g->mkl != NULL; }
 
