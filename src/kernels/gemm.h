@@ -62,6 +62,11 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
 const char *gemm_bf16_detail(const gemm_ctx_t *g);
 bool gemm_bf16_tiles(const gemm_ctx_t *g);
 
+/* Allocates and touches what gemm_bf16 needs for a team of `threads` (the AMX kernel's packing
+ * space, 3 MiB a thread), so that no step allocates or faults it in; false when out of memory.
+ * Without it the first product allocates. */
+bool gemm_bf16_reserve(gemm_ctx_t *g, int threads);
+
 /* Whether this CPU (and the library build) can run gemm_bf16. */
 bool gemm_bf16_supported(gemm_ctx_t *g);
 

@@ -32,6 +32,17 @@ struct gemm_ctx {
     char detail[600], bf16_detail[200];
 };
 
+/* The AMX kernel's packing space for this many threads, allocated and touched once. */
+static bool tile_work_for(gemm_ctx_t *g, int threads) {
+    if (threads <= g->tile_work_threads) return true;
+    free(g->tile_work);
+    size_t bytes = (size_t)threads * (size_t)amx_gemm_workspace_elems() * sizeof(bf16_t);
+    g->tile_work = aligned_alloc(64, bytes);
+    g->tile_work_threads = g->tile_work ? threads : 0;
+    if (g->tile_work) memset(g->tile_work, 0, bytes);
+    return g->tile_work != NULL;
+}
+
 int gemm_library_parse(const char *name) {
     return !strcmp(name, "auto") ? GEMM_LIB_AUTO : !strcmp(name, "onednn") ? GEMM_LIB_ONEDNN
            : !strcmp(name, "mkl") ? GEMM_LIB_MKL : -1;
@@ -81,6 +92,7 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
 const char *gemm_library_name(const gemm_ctx_t *g) { return g->mkl ? "mkl" : "onednn"; }
 const char *gemm_library_detail(const gemm_ctx_t *g) { return g->detail; }
 const char *gemm_bf16_detail(const gemm_ctx_t *g) { return g->bf16_detail; }
+bool gemm_bf16_reserve(gemm_ctx_t *g, int threads) { return !g->bf16_tiles || tile_work_for(g, threads); }
 bool gemm_bf16_tiles(const gemm_ctx_t *g) { return g->bf16_tiles; }
 bool gemm_wide_gradients_slow(const gemm_ctx_t *g) { return !g->mkl; }
 bool gemm_suits_attention_blocks(const gemm_ctx_t *g) { return g->mkl != NULL; }
@@ -236,14 +248,9 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
                float *C, int64_t ldc, bool accumulate) {
     if (g->bf16_tiles && amx_gemm_bf16_fits(M, N, K)) {
         int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-        if (threads > g->tile_work_threads) {
-            free(g->tile_work);
-            size_t bytes = (size_t)threads * (size_t)amx_gemm_workspace_elems() * sizeof(bf16_t);
-            if (!(g->tile_work = aligned_alloc(64, bytes))) {
-                fprintf(stderr, "stepscope: out of memory for %zu bytes of bf16 packing space\n", bytes);
-                abort();
-            }
-            g->tile_work_threads = threads;
+        if (!tile_work_for(g, threads)) {
+            fprintf(stderr, "stepscope: out of memory for %d threads' bf16 packing space\n", threads);
+            abort();
         }
         amx_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads);
         return;

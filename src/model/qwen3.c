@@ -282,6 +282,11 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
         qwen3_destroy(m);
         return NULL;
     }
+    if (opt->bf16 && !gemm_bf16_reserve(gemm, opt->num_threads)) {
+        snprintf(err, errlen, "out of memory for the bf16 matmuls' packing space (3 MiB a thread); lower num_threads");
+        qwen3_destroy(m);
+        return NULL;
+    }
     /* Per-thread contexts for attention's block products, where the library runs them: in
      * bf16 unless the CPU has AMX tiles (our kernel, attention_amx.c, is faster there: the
      * library repacks both operands on every block), in fp32 where the library beats our
