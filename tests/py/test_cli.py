@@ -235,6 +235,34 @@ def test_bfloat16_refused_where_the_cpu_has_no_bf16_matmul(tmp_path):
     assert_refused(r, tmp_path, "dtype=bfloat16", "dtype=float32", code=1)
 
 
+def cpu_has_amx():
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " amx_tile" in flags and " amx_bf16" in flags
+
+
+def test_bf16_matmuls_where(tmp_path):
+    """The console says where bf16 products run: gemm_library=auto on a CPU with AMX takes
+    stepscope's AMX GEMM, a library named outright runs them all; and both train the same
+    model to the same losses within summation-order noise."""
+    r = train(tmp_path, "steps=3", "dtype=bfloat16", "gemm_library=onednn", run_name="dnn")
+    assert "bf16 matmuls: onednn" in r.stdout, r.stdout
+    r = train(tmp_path, "steps=3", "dtype=bfloat16", "gemm_library=auto", run_name="auto")
+    line = next(l for l in r.stdout.splitlines() if l.startswith("bf16 matmuls: "))
+    assert ("AMX tiles" in line) == cpu_has_amx(), line
+    r = train(tmp_path, "steps=3", run_name="fp32")
+    assert "bf16 matmuls" not in r.stdout  # said only where bf16 runs
+    _, dnn = read_metrics(tmp_path, "dnn")
+    _, auto = read_metrics(tmp_path, "auto")
+    # bf16 inputs are rounded alike and their products are exact in fp32; only the fp32 sums'
+    # order differs, ~1e-6 relative a product, grown through 3 steps of training well under
+    # 1e-4 of a loss near 5 (as the fp32 libraries in test_gemm_library_choice).
+    for a, b in zip(map(float, raw_losses(dnn)), map(float, raw_losses(auto))):
+        assert abs(a - b) <= 1e-4 * abs(a), (a, b)
+
+
 @pytest.mark.parametrize("preset,tflops", [("qwen3-0.6b", "8.7666"), ("qwen3-8b", "96.7076")])
 def test_dry_run_maxtext_tflops(tmp_path, preset, tflops):
     # memory_limit_gib: the plan check must not depend on this machine's memory
