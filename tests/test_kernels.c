@@ -139,6 +139,14 @@ static void test_gemm_vs_naive(void **state) {
     gemm_destroy(g);
 }
 
+/* f[n] uniform in [-1, 1) and then rounded to bf16, h[n] the same values in bf16: operands
+ * whose products a bf16 GEMM and the naive fp32 one compute exactly alike. */
+static void fill_bf16_exact(float *f, bf16_t *h, int64_t n, test_rng_t *rng) {
+    fill_uniform(f, (size_t)n, rng, -1.0f, 1.0f);
+    bf16_from_f32_array(h, f, n);
+    for (int64_t i = 0; i < n; i++) f[i] = bf16_to_f32(h[i]);
+}
+
 /* gemm_bf16 against the naive fp32 gemm on the same values rounded to bf16: a product of two
  * bf16 values is exact in fp32 (8 + 8 significant bits), so what is left is fp32 summation
  * over K ≤ 300 terms, the same ~1e-6 as the fp32 case (bound 1e-5). All transposes,
@@ -161,12 +169,8 @@ static void test_gemm_bf16_vs_naive(void **state) {
                     float *A = falloc((size_t)na), *B = falloc((size_t)nb);
                     float *C = falloc((size_t)(M * ldc)), *Cref = falloc((size_t)(M * ldc));
                     bf16_t *A16 = malloc((size_t)na * sizeof(bf16_t)), *B16 = malloc((size_t)nb * sizeof(bf16_t));
-                    fill_uniform(A, (size_t)na, &rng, -1.0f, 1.0f);
-                    fill_uniform(B, (size_t)nb, &rng, -1.0f, 1.0f);
-                    bf16_from_f32_array(A16, A, na);
-                    bf16_from_f32_array(B16, B, nb);
-                    for (int64_t i = 0; i < na; i++) A[i] = bf16_to_f32(A16[i]);
-                    for (int64_t i = 0; i < nb; i++) B[i] = bf16_to_f32(B16[i]);
+                    fill_bf16_exact(A, A16, na, &rng);
+                    fill_bf16_exact(B, B16, nb, &rng);
                     fill_uniform(C, (size_t)(M * ldc), &rng, -1.0f, 1.0f);
                     memcpy(Cref, C, (size_t)(M * ldc) * sizeof(float));
                     gemm_bf16(g, ta, tb, M, N, K, A16, lda, B16, ldb, C, ldc, acc);
@@ -191,12 +195,8 @@ static double amx_gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, i
     float *A = falloc((size_t)na), *B = falloc((size_t)nb), *C = falloc((size_t)(M * ldc)), *Cref = falloc((size_t)(M * ldc));
     bf16_t *A16 = malloc((size_t)na * sizeof(bf16_t)), *B16 = malloc((size_t)nb * sizeof(bf16_t));
     bf16_t *work = aligned_alloc(64, (size_t)(threads * amx_gemm_workspace_elems()) * sizeof(bf16_t));
-    fill_uniform(A, (size_t)na, rng, -1.0f, 1.0f);
-    fill_uniform(B, (size_t)nb, rng, -1.0f, 1.0f);
-    bf16_from_f32_array(A16, A, na);
-    bf16_from_f32_array(B16, B, nb);
-    for (int64_t i = 0; i < na; i++) A[i] = bf16_to_f32(A16[i]);
-    for (int64_t i = 0; i < nb; i++) B[i] = bf16_to_f32(B16[i]);
+    fill_bf16_exact(A, A16, na, rng);
+    fill_bf16_exact(B, B16, nb, rng);
     fill_const(C, (size_t)(M * ldc), SENTINEL);
     for (int64_t i = 0; i < M; i++) fill_uniform(C + i * ldc, (size_t)N, rng, -1.0f, 1.0f);
     memcpy(Cref, C, (size_t)(M * ldc) * sizeof(float));
@@ -260,12 +260,8 @@ static void test_amx_gemm_bf16_vs_naive(void **state) {
     const int64_t M = 64, N = 96, K = 96;
     bf16_t *A16 = malloc((size_t)(M * K) * sizeof(bf16_t)), *B16 = malloc((size_t)(K * N) * sizeof(bf16_t));
     float *A = falloc((size_t)(M * K)), *B = falloc((size_t)(K * N)), *C = falloc((size_t)(M * N)), *Cref = falloc((size_t)(M * N));
-    fill_uniform(A, (size_t)(M * K), &rng, -1.0f, 1.0f);
-    fill_uniform(B, (size_t)(K * N), &rng, -1.0f, 1.0f);
-    bf16_from_f32_array(A16, A, M * K);
-    bf16_from_f32_array(B16, B, K * N);
-    for (int64_t i = 0; i < M * K; i++) A[i] = bf16_to_f32(A16[i]);
-    for (int64_t i = 0; i < K * N; i++) B[i] = bf16_to_f32(B16[i]);
+    fill_bf16_exact(A, A16, M * K, &rng);
+    fill_bf16_exact(B, B16, K * N, &rng);
     gemm_bf16(g, false, false, M, N, K, A16, K, B16, N, C, N, false);
     gemm_f32_naive(false, false, M, N, K, A, K, B, N, Cref, N, false);
     CHECK_LE("gemm_bf16 (auto: AMX kernel) vs naive", rel_err_2d(C, N, Cref, N, M, N), K * 0x1p-24);

@@ -31,6 +31,12 @@ void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t 
  * amx_round32(K), zero-padded. */
 void amx_pack_b(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t K, int64_t N);
 
+/* op(A)[M, K] as A tiles, [M/32][Kp/32][2][16][32] (the two 16-row tiles of a 32-row block and
+ * K step side by side; amx_a_packed reads it): op(A) = A [M rows, K columns] (row stride lda),
+ * or Aᵀ for A stored [K rows, M columns] (trans). M is a multiple of 32; Kp = amx_round32(K),
+ * zero-padded. The packers require amx_available() (AVX-512 inside). */
+void amx_pack_a(bf16_t *dst, bool trans, const bf16_t *A, int64_t lda, int64_t M, int64_t K);
+
 /* The same from fp32, rounding to bf16 (nearest even) on the way: src [K rows, N columns]. */
 void amx_pack_b_f32(bf16_t *dst, const float *src, int64_t ld, int64_t K, int64_t N);
 
@@ -45,8 +51,7 @@ void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, co
  * _tile_release() gives the state back. Requires amx_available(). */
 void amx_configure_full_tiles(void);
 
-/* Where a tile product finds A's 16 × 32 tiles: in a row-major bf16 A, or packed tile by tile
- * (amx_gemm.c's layout [M/32][K/32][2][16][32]). */
+/* Where a tile product finds A's 16 × 32 tiles: in a row-major bf16 A, or packed by amx_pack_a. */
 typedef struct {
     const bf16_t *p;
     int64_t stride;    /* bytes between a tile's rows */

@@ -26,102 +26,10 @@ int64_t amx_gemm_workspace_elems(void) { return (int64_t)FULL * KC + BLK; }
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* 16 rows of 16 32-bit words, transposed in place: four rounds, each swapping the off-diagonal
- * b × b blocks of every 2b × 2b block (b = 8, 4, 2, 1). */
-static void transpose16x16_epi32(__m512i r[16]) {
-    for (int b = 8; b >= 1; b /= 2) {
-        int lo_idx[16], hi_idx[16];
-        for (int l = 0; l < 16; l++) {
-            lo_idx[l] = (l & b) ? 16 + l - b : l; /* row i: its own low block, then row i+b's */
-            hi_idx[l] = (l & b) ? 16 + l : l + b; /* row i+b: row i's high block, then its own */
-        }
-        const __m512i lo = _mm512_loadu_si512(lo_idx), hi = _mm512_loadu_si512(hi_idx);
-        for (int i = 0; i < 16; i++) {
-            if (i & b) continue;
-            __m512i x = r[i], y = r[i + b];
-            r[i] = _mm512_permutex2var_epi32(x, lo, y);
-            r[i + b] = _mm512_permutex2var_epi32(x, hi, y);
-        }
-    }
-}
-
-/* Up to 32 bf16 from p (n of them; the rest zero). */
-static inline __m512i load_row32(const bf16_t *p, int64_t n) {
-    return n >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)((1ull << (n > 0 ? n : 0)) - 1), p);
-}
-
-/* 32 columns of the row pair (r0, r1) (NULL: a row of zeros) as (r0[c], r1[c]) words: columns
- * 0-15 in *lo, 16-31 in *hi. Whole 64-byte lines are read, so a pack that walks down K reads
- * each source line once. */
-static inline void pair_words32(const bf16_t *r0, const bf16_t *r1, __m512i *lo, __m512i *hi) {
-    static const int16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    static const int16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                       24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-    __m512i a = r0 ? _mm512_loadu_si512(r0) : _mm512_setzero_si512();
-    __m512i b = r1 ? _mm512_loadu_si512(r1) : _mm512_setzero_si512();
-    *lo = _mm512_permutex2var_epi16(a, _mm512_loadu_si512(lo_idx), b);
-    *hi = _mm512_permutex2var_epi16(a, _mm512_loadu_si512(hi_idx), b);
-}
-
-/* The A block of rows [0, mw) and K columns [0, kw) of op(A), as tiles: [mw/32][kwp/32][2][16][32]
- * (the two 16-row tiles of a 32-row block and K step side by side). kw ≤ kwp = round32(kw). */
-static void pack_a(bf16_t *dst, bool trans, const bf16_t *A, int64_t lda, int64_t mw, int64_t kw, int64_t kwp) {
-    if (!trans) {
-        for (int64_t m0 = 0; m0 < mw; m0 += 32)
-            for (int64_t k0 = 0; k0 < kwp; k0 += 32) {
-                bf16_t *tiles = dst + ((m0 / 32) * (kwp / 32) + k0 / 32) * 1024;
-                for (int r = 0; r < 32; r++) _mm512_storeu_si512(tiles + r * 32, load_row32(A + (m0 + r) * lda + k0, kw - k0));
-            }
-        return;
-    }
-    /* op(A)[m][k] = A[k][m]: word j of a tile row is the pair (A[k0+2j][m], A[k0+2j+1][m]).
-     * Build those words for 32 rows from each source row pair, then transpose. 32 source rows
-     * at a time, across the whole block: walking down K one 64-byte column at a time instead
-     * touched the rows at strides of 8 and 12 KiB (qkv_proj's and gate_up_proj's output
-     * gradients), which share cache sets, and their weight gradients ran at 0.66-0.86x MKL's. */
-    for (int64_t k0 = 0; k0 < kwp; k0 += 32)
-        for (int64_t m0 = 0; m0 < mw; m0 += 32) {
-            bf16_t *tiles = dst + ((m0 / 32) * (kwp / 32) + k0 / 32) * 1024;
-            __m512i upper[16], lower[16];
-            for (int j = 0; j < 16; j++) {
-                int64_t k = k0 + 2 * j;
-                pair_words32(k < kw ? A + k * lda + m0 : NULL, k + 1 < kw ? A + (k + 1) * lda + m0 : NULL, &upper[j],
-                             &lower[j]);
-            }
-            transpose16x16_epi32(upper);
-            transpose16x16_epi32(lower);
-            for (int r = 0; r < 16; r++) {
-                _mm512_storeu_si512(tiles + r * 32, upper[r]);
-                _mm512_storeu_si512(tiles + 512 + r * 32, lower[r]);
-            }
-        }
-}
-
-/* The B block of K rows [0, kw) and columns [0, nw) of op(B), packed (amx.h's layout with K
- * extent kwp): [nw/16][kwp/2][16][2]. */
-static void pack_b(bf16_t *dst, bool trans, const bf16_t *B, int64_t ldb, int64_t nw, int64_t kw, int64_t kwp) {
-    const int64_t panel = kwp / 2 * 32;
-    if (trans) {
-        /* op(B)[k][n] = B[n][k]: source row n holds the 16 pairs of column n, in order. */
-        for (int64_t n0 = 0; n0 < nw; n0 += 16)
-            for (int64_t k0 = 0; k0 < kwp; k0 += 32) {
-                __m512i w[16];
-                for (int c = 0; c < 16; c++) w[c] = load_row32(B + (n0 + c) * ldb + k0, kw - k0);
-                transpose16x16_epi32(w);
-                for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + (n0 / 16) * panel + k0 / 2 * 32 + j * 32, w[j]);
-            }
-        return;
-    }
-    /* Row pairs interleaved, whole source rows at a time (as pack_a's transposed case). */
-    for (int64_t k0 = 0; k0 < kwp; k0 += 2)
-        for (int64_t n0 = 0; n0 < nw; n0 += 32) {
-            __m512i lo, hi;
-            pair_words32(k0 < kw ? B + k0 * ldb + n0 : NULL, k0 + 1 < kw ? B + (k0 + 1) * ldb + n0 : NULL, &lo, &hi);
-            bf16_t *row = dst + (n0 / 16) * panel + k0 / 2 * 32;
-            _mm512_storeu_si512(row, lo);
-            _mm512_storeu_si512(row + panel, hi);
-        }
+/* K rows [0, kw) and columns [0, nw) of op(B), packed with K extent amx_round32(kw). */
+static void pack_b(bf16_t *dst, bool trans, const bf16_t *B, int64_t ldb, int64_t nw, int64_t kw) {
+    if (trans) amx_pack_bt(dst, B, ldb, nw, kw);
+    else amx_pack_b(dst, B, ldb, kw, nw);
 }
 
 /* Whether tiles of A are loaded straight from it: row-major, with K blocks of whole tiles (a
@@ -145,15 +53,15 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
     for (int64_t kc = 0; kc < K; kc += KC) {
         int64_t kw = min64(KC, K - kc), kwp = amx_round32(kw);
         bool load_c = accumulate || kc > 0;
-        if (a_whole) pack_a(Ap, trans_a, trans_a ? A + kc * lda + m_lo : A + m_lo * lda + kc, lda, mt, kw, kwp);
-        if (b_whole) pack_b(Bp, trans_b, trans_b ? B + n_lo * ldb + kc : B + kc * ldb + n_lo, ldb, nt, kw, kwp);
+        if (a_whole) amx_pack_a(Ap, trans_a, trans_a ? A + kc * lda + m_lo : A + m_lo * lda + kc, lda, mt, kw);
+        if (b_whole) pack_b(Bp, trans_b, trans_b ? B + n_lo * ldb + kc : B + kc * ldb + n_lo, ldb, nt, kw);
         if (!a_direct && !a_whole && !b_whole) { /* neither fits whole: GotoBLAS blocks */
             for (int64_t nc = n_lo; nc < n_hi; nc += NC) {
                 int64_t nw = min64(NC, n_hi - nc);
-                pack_b(full, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw, kwp);
+                pack_b(full, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw);
                 for (int64_t mc = m_lo; mc < m_hi; mc += MC) {
                     int64_t mw = min64(MC, m_hi - mc);
-                    pack_a(blk, trans_a, trans_a ? A + kc * lda + mc : A + mc * lda + kc, lda, mw, kw, kwp);
+                    amx_pack_a(blk, trans_a, trans_a ? A + kc * lda + mc : A + mc * lda + kc, lda, mw, kw);
                     amx_tile_product(C + mc * ldc + nc, ldc, amx_a_packed(blk, kwp), full, kwp, mw, nw, kwp, load_c);
                 }
             }
@@ -164,12 +72,12 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
         const int64_t panel = kwp / 2 * 32;
         for (int64_t mc = m_lo; mc < m_hi; mc += mstep) {
             int64_t mw = min64(mstep, m_hi - mc);
-            if (!a_whole && !a_direct) pack_a(Ap, trans_a, trans_a ? A + kc * lda + mc : A + mc * lda + kc, lda, mw, kw, kwp);
+            if (!a_whole && !a_direct) amx_pack_a(Ap, trans_a, trans_a ? A + kc * lda + mc : A + mc * lda + kc, lda, mw, kw);
             amx_a_tiles_t at = a_direct ? amx_a_row_major(A + mc * lda + kc, lda)
                                         : amx_a_packed(a_whole ? Ap + ((mc - m_lo) / 32) * (kwp / 32) * 1024 : Ap, kwp);
             for (int64_t nc = n_lo; nc < n_hi; nc += NC) {
                 int64_t nw = min64(NC, n_hi - nc);
-                if (!b_whole) pack_b(Bp, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw, kwp);
+                if (!b_whole) pack_b(Bp, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw);
                 amx_tile_product(C + mc * ldc + nc, ldc, at, b_whole ? Bp + (nc - n_lo) / 16 * panel : Bp, kwp, mw, nw,
                                  kwp, load_c);
             }

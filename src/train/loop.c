@@ -320,10 +320,11 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     train_parallel_t par = {.world = world, .shard = l.shard, .replica = l.replica, .comm_lane = LANE_COMM,
                             .compute_lane = LANE_COMPUTE};
     if (rc == LOOP_OK && train_state_create(&l.state, cfg, plan, l.trace, &par, err, errlen) != 0) rc = LOOP_FAILED;
-    if (rc == LOOP_OK && writer)
-        printf("matmul library: %s\n%s%s%sattention block products: %s\n", gemm_library_detail(l.state.gemm),
-               plan->bf16 ? "bf16 matmuls: " : "", plan->bf16 ? gemm_bf16_detail(l.state.gemm) : "",
-               plan->bf16 ? "\n" : "", qwen3_attention_blocks(l.state.model));
+    if (rc == LOOP_OK && writer) {
+        printf("matmul library: %s\n", gemm_library_detail(l.state.gemm));
+        if (plan->bf16) printf("bf16 matmuls: %s\n", gemm_bf16_detail(l.state.gemm));
+        printf("attention block products: %s\n", qwen3_attention_blocks(l.state.model));
+    }
     if (rc == LOOP_OK) rc = interrupted_in_setup(err, errlen);
     if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0)))
         rc = LOOP_FAILED;
