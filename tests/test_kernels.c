@@ -346,13 +346,25 @@ static void test_transpose(void **state) {
         int64_t R = shapes[i][0], C = shapes[i][1], lds = C + 3, ldd = R + 5;
         float *src = falloc((size_t)(R * lds)), *dst = falloc((size_t)(C * ldd));
         fill_uniform(src, (size_t)(R * lds), &rng, -1.0f, 1.0f);
-        fill_const(dst, (size_t)(C * ldd), SENTINEL);
-        transpose_f32(dst, ldd, src, lds, R, C);
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t c = 0; c < C; c++)
-                if (dst[c * ldd + r] != src[r * lds + c]) fail_msg("transpose %ldx%ld: (%ld,%ld) wrong", (long)R, (long)C, (long)r, (long)c);
-        assert_true(padding_intact(dst, C, R, ldd, SENTINEL));
-        free(src), free(dst);
+        bf16_t *dst16 = malloc((size_t)(C * ldd) * sizeof(bf16_t));
+        for (int serial = 0; serial < 2; serial++) {
+            fill_const(dst, (size_t)(C * ldd), SENTINEL);
+            (serial ? transpose_f32_serial : transpose_f32)(dst, ldd, src, lds, R, C);
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t c = 0; c < C; c++)
+                    if (dst[c * ldd + r] != src[r * lds + c])
+                        fail_msg("transpose%s %ldx%ld: (%ld,%ld) wrong", serial ? "_serial" : "", (long)R, (long)C, (long)r, (long)c);
+            assert_true(padding_intact(dst, C, R, ldd, SENTINEL));
+        }
+        /* bf16: each element rounded exactly as bf16_from_f32 rounds it; the padding untouched */
+        for (int64_t e = 0; e < C * ldd; e++) dst16[e] = 0x7fc1;
+        transpose_f32_to_bf16_serial(dst16, ldd, src, lds, R, C);
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t r = 0; r < ldd; r++) {
+                bf16_t want = r < R ? bf16_from_f32(src[r * lds + c]) : 0x7fc1;
+                if (dst16[c * ldd + r] != want) fail_msg("transpose_f32_to_bf16 %ldx%ld: (%ld,%ld) wrong", (long)R, (long)C, (long)r, (long)c);
+            }
+        free(src), free(dst), free(dst16);
     }
 }
 

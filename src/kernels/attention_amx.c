@@ -15,6 +15,7 @@
 #include "kernels/amx.h"
 #include "kernels/attention.h"
 #include "kernels/attention_internal.h"
+#include "kernels/transpose.h"
 
 enum { QB = ATTN_QBLOCK_BF16 };
 
@@ -78,10 +79,15 @@ static amx_bufs_t amx_bufs(float *scratch, const attn_shape_t *a) {
     return t;
 }
 
-/* dst[HDp, QB] = srcᵀ for src [rows_pad, HDp] bf16. */
-static void transpose_block(bf16_t *dst, const bf16_t *src, int64_t rows_pad, int64_t HDp) {
-    for (int64_t r = 0; r < rows_pad; r++)
-        for (int64_t d = 0; d < HDp; d++) dst[d * QB + r] = src[r * HDp + d];
+/* dst[HDp, QB] = bf16(src rows [nq, HD], row stride ld)ᵀ, zero-padded to nqp columns and HDp
+ * rows: the A operand of dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P. */
+static void rows_to_bf16_transposed(bf16_t *dst, const float *src, int64_t ld, int64_t nq, int64_t nqp, int64_t HD,
+                                    int64_t HDp) {
+    transpose_f32_to_bf16_serial(dst, QB, src, ld, nq, HD);
+    for (int64_t d = 0; d < HDp; d++) {
+        int64_t from = d < HD ? nq : 0;
+        memset(dst + d * QB + from, 0, (size_t)(nqp - from) * sizeof(bf16_t));
+    }
 }
 
 /* The four packed forms of this (batch, kv head)'s K and V, through a bf16 row-major copy. */
@@ -120,17 +126,6 @@ static void ds_and_pack(const amx_bufs_t *t, int64_t lf, int64_t lb, int64_t nqp
     }
 }
 
-/* dst[S, HD] (row stride ld) = srcᵀ for src [HD, S] (row stride lds), in 16 × 16 tiles so
- * that both sides are read and written a cache line at a time. */
-static void untranspose(float *dst, int64_t ld, const float *src, int64_t lds, int64_t S, int64_t HD) {
-    for (int64_t s0 = 0; s0 < S; s0 += 16)
-        for (int64_t d0 = 0; d0 < HD; d0 += 16) {
-            int64_t s1 = s0 + 16 < S ? s0 + 16 : S, d1 = d0 + 16 < HD ? d0 + 16 : HD;
-            for (int64_t s = s0; s < s1; s++)
-                for (int64_t d = d0; d < d1; d++) dst[s * ld + d] = src[d * lds + s];
-        }
-}
-
 void attention_forward_bf16_amx(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
                                 const float *k, int64_t ld_k, const float *v, int64_t ld_v, const attn_shape_t *a,
                                 float *scratch) {
@@ -149,10 +144,10 @@ void attention_forward_bf16_amx(float *out, int64_t ld_out, float *lse, const fl
         attention_rows_to_bf16(t.q16, HDp, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nqp, HD);
         amx_gemm(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false); /* scores = q·kᵀ */
         float inv_sum[QB];
-        attention_softmax_rows(t.p, lf, i0, nq, kp, scale, lse + (b * H + h) * S, NULL, inv_sum);
-        /* rows nq..nqp hold the zero scores of the zero query rows: harmless, dropped below */
         bf16_t *p16 = t.ds16;
-        for (int64_t r = 0; r < nqp; r++) bf16_from_f32_block(p16 + r * lb, t.p + r * lf, kp);
+        attention_softmax_rows_to_bf16(p16, lb, t.p, lf, i0, nq, kp, scale, lse + (b * H + h) * S, inv_sum);
+        /* rows nq..nqp belong to the zero query rows: zeros, whose products are dropped below */
+        for (int64_t r = nq; r < nqp; r++) memset(p16 + r * lb, 0, (size_t)kp * sizeof(bf16_t));
         float *op = out + (b * S + i0) * ld_out + h * HD;
         if (nq == nqp && HD == HDp) { /* the usual case: tiles straight into the output */
             amx_gemm(op, ld_out, p16, lb, pk.v, Sp, nq, HD, kp, false);
@@ -188,10 +183,11 @@ void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld
                 int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB, kend = i0 + nq;
                 int64_t nqp = amx_round32(nq), kp = amx_round32(kend);
                 const float *dop = dout + (b * S + i0) * ld_dout + h * HD, *op = out + (b * S + i0) * ld_out + h * HD;
-                attention_rows_to_bf16(t.q16, HDp, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nqp, HD);
+                const float *qp = q + (b * S + i0) * ld_q + h * HD;
+                attention_rows_to_bf16(t.q16, HDp, qp, ld_q, nq, nqp, HD);
                 attention_rows_to_bf16(t.do16, HDp, dop, ld_dout, nq, nqp, HD);
-                transpose_block(t.qt16, t.q16, nqp, HDp);
-                transpose_block(t.dot16, t.do16, nqp, HDp);
+                rows_to_bf16_transposed(t.qt16, qp, ld_q, nq, nqp, HD, HDp);
+                rows_to_bf16_transposed(t.dot16, dop, ld_dout, nq, nqp, HD, HDp);
                 amx_gemm(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false);
                 attention_softmax_rows(t.p, lf, i0, nq, kp, scale, NULL, row_lse, NULL);
                 amx_gemm(t.dp, lf, t.do16, HDp, pk.vt, HDp, nqp, kp, HDp, false); /* dP = dO·Vᵀ */
@@ -213,7 +209,7 @@ void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld
                 amx_gemm(t.dvt, lf, t.dot16, QB, t.p_packed, nqp, HDp, kp, nqp, true); /* dVᵀ += dOᵀ·P */
             }
         }
-        untranspose(dk + b * S * ld_dk + kvh * HD, ld_dk, t.dkt, lf, S, HD);
-        untranspose(dv + b * S * ld_dv + kvh * HD, ld_dv, t.dvt, lf, S, HD);
+        transpose_f32_serial(dk + b * S * ld_dk + kvh * HD, ld_dk, t.dkt, lf, HD, S);
+        transpose_f32_serial(dv + b * S * ld_dv + kvh * HD, ld_dv, t.dvt, lf, HD, S);
     }
 }

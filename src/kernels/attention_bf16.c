@@ -119,8 +119,7 @@ void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float 
         /* scores[nq, kend] = q·kᵀ; the 1/sqrt(HD) is applied in the softmax, in fp32 */
         gemm_bf16(g, false, true, nq, kend, HD, t.q16, HD, k16_of(scratch, a, b, kvh), HD, t.p, S, false);
         float inv_sum[QB];
-        attention_softmax_rows(t.p, S, i0, nq, kend, scale, lse + (b * H + h) * S, NULL, inv_sum);
-        strip_to_bf16(t.p16, t.p, S, nq, kend);
+        attention_softmax_rows_to_bf16(t.p16, S, t.p, S, i0, nq, kend, scale, lse + (b * H + h) * S, inv_sum);
         float *op = out + (b * S + i0) * ld_out + h * HD;
         gemm_bf16(g, false, false, nq, HD, kend, t.p16, S, v16_of(scratch, a, b, kvh), HD, op, ld_out, false);
         attention_scale_rows(op, ld_out, nq, HD, inv_sum);

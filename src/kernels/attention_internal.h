@@ -17,10 +17,17 @@
 void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64_t kend, float scale,
                             float *lse_out, const float *lse_in, float *row_inv_sum);
 
+/* The forward form of attention_softmax_rows, with each row also rounded to bf16 into dst (row
+ * stride ld_dst) while it is in L1: the P of a bf16 P·V product, without a second pass over the
+ * strip. */
+void attention_softmax_rows_to_bf16(bf16_t *dst, int64_t ld_dst, float *strip, int64_t ld, int64_t i0, int64_t nq,
+                                    int64_t kend, float scale, float *lse_out, float *row_inv_sum);
+
 /* rows[r, 0..HD) *= row_scale[r] for r < nq (row stride ld). */
 void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const float *row_scale);
 
-/* Σ a[d]·b[d] over n terms, summed in order: the backward's Di = Σ dO·O for one query row. */
+/* Σ a[d]·b[d] over n terms (16 partial sums, then summed; the order depends on n only): the
+ * backward's Di = Σ dO·O for one query row. */
 float attention_row_dot(const float *a, const float *b, int64_t n);
 
 /* dS for one row: dp[j] = scale · p[j] · (dp[j] − di) for j < n (dP becomes dS in place; the
