@@ -494,8 +494,9 @@ typedef struct rms_case {
 } rms_case_t;
 
 static const rms_case_t RMS_CASES[] = {
-    {5, 1, 130, 137, 133, 131, 139}, /* a layer norm: G = 1, three dweight column blocks */
+    {5, 1, 130, 137, 133, 131, 139}, /* a layer norm: G = 1, N not a multiple of 16 */
     {4, 3, 16, 51, 53, 55, 49},      /* per-head norms: G = 3 heads of 16 in wider rows */
+    {19, 2, 40, 83, 81, 85, 87},     /* 38 rows: dweight summed over chunks of 16, 16 and 6 rows */
 };
 
 typedef struct rms_ctx {
@@ -1353,7 +1354,7 @@ static void test_thread_determinism(void **state) {
     free(dqkv[0]), free(dqkv[1]), free(outs[0]), free(outs[1]);
     attn_free(&x);
 
-    /* rmsnorm backward: dweight over 5 column blocks, and dinp */
+    /* rmsnorm backward: dweight over 8 chunks of 16 rows, and dinp */
     const int64_t T = 64, G = 2, N = 300, W = G * N;
     float *inp = falloc((size_t)(T * W)), *dout = falloc((size_t)(T * W)), *w = falloc((size_t)N);
     float *out = falloc((size_t)(T * W)), *rstd = falloc((size_t)(T * G)), *dinp[2], *dw[2];

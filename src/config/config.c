@@ -37,6 +37,7 @@ typedef struct key_def {
 #define GE(x) (x), INFINITY, 0
 #define GT(x) (x), INFINITY, R_LO_OPEN
 #define CO(a, b) (a), (b), R_HI_OPEN
+#define IN(a, b) (a), (b), 0
 
 static const key_def_t KEYS[] = {
 #define KEY(name, type, def, range, allowed, supported, note, help) \
