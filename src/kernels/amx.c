@@ -6,6 +6,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "kernels/vecmath.h"
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
 #define HAVE_AMX 1
 #else
@@ -61,24 +63,7 @@ void amx_pack_b_f32(bf16_t *dst, const float *src, int64_t ld, int64_t K, int64_
 }
 
 #if HAVE_AMX
-/* 16 rows of 16 32-bit words, transposed in place: four rounds, each swapping the off-diagonal
- * b × b blocks of every 2b × 2b block (b = 8, 4, 2, 1). */
-static void transpose16x16_epi32(__m512i r[16]) {
-    for (int b = 8; b >= 1; b /= 2) {
-        int lo_idx[16], hi_idx[16];
-        for (int l = 0; l < 16; l++) {
-            lo_idx[l] = (l & b) ? 16 + l - b : l; /* row i: its own low block, then row i+b's */
-            hi_idx[l] = (l & b) ? 16 + l : l + b; /* row i+b: row i's high block, then its own */
-        }
-        const __m512i lo = _mm512_loadu_si512(lo_idx), hi = _mm512_loadu_si512(hi_idx);
-        for (int i = 0; i < 16; i++) {
-            if (i & b) continue;
-            __m512i x = r[i], y = r[i + b];
-            r[i] = _mm512_permutex2var_epi32(x, lo, y);
-            r[i + b] = _mm512_permutex2var_epi32(x, hi, y);
-        }
-    }
-}
+static inline void transpose16x16_epi32(__m512i r[16]) { transpose16x16_ps((__m512 *)r); }
 
 /* Up to 32 bf16 from p (n of them; the rest, and a NULL p, zero). */
 static inline __m512i load_row32(const bf16_t *p, int64_t n) {

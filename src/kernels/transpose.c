@@ -3,32 +3,13 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/vecmath.h"
+
 #if defined(__AVX512F__)
-/* One 16×16 tile through registers: unpack pairs, then 64-bit pairs, then gather the 128-bit
- * lanes of the four row groups. */
+/* One 16×16 tile of src into registers, transposed: t[j] is column j. */
 static inline __attribute__((always_inline)) void tile16_regs(__m512 t[16], const float *src, int64_t ld_src) {
-    __m512 r[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ld_src);
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    }
-    /* Per 128-bit lane L, r[4g + j] now holds column 4L + j of rows 4g..4g+3: gather the lane
-     * from the four row groups into one 16-row column. */
-    for (int i = 0; i < 4; i++) {
-        __m512 a = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x44), b = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x44);
-        __m512 c = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xee), d = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xee);
-        t[i] = _mm512_shuffle_f32x4(a, b, 0x88);
-        t[4 + i] = _mm512_shuffle_f32x4(a, b, 0xdd);
-        t[8 + i] = _mm512_shuffle_f32x4(c, d, 0x88);
-        t[12 + i] = _mm512_shuffle_f32x4(c, d, 0xdd);
-    }
+    for (int i = 0; i < 16; i++) t[i] = _mm512_loadu_ps(src + i * ld_src);
+    transpose16x16_ps(t);
 }
 
 static inline __attribute__((always_inline)) void tile16(float *dst, int64_t ld_dst, const float *src, int64_t ld_src) {
