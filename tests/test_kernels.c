@@ -213,7 +213,7 @@ static double amx_gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, i
 /* The blocked AMX kernel behind gemm_bf16 on AMX CPUs, in all four transpose forms, with and
  * without accumulate, over shapes that take each of its paths: K not a multiple of 32 (A
  * packed, K zero-padded), K a multiple of 32 (A read in place), a row stride that is a multiple
- * of 4 KiB (A packed again), K deeper than one 1024-deep block (C carried across blocks), and C
+ * of 2 KiB (A packed again), K deeper than one 1024-deep block (C carried across blocks), and C
  * too wide both ways for either operand to be packed whole (the GotoBLAS blocks). Products of
  * bf16 values are exact in fp32, so the error is fp32 summation over K terms, at worst K·2⁻²⁴
  * relative (and ~1e-6 in practice); each case must also give the same bits on one and two
