@@ -610,6 +610,38 @@ static void test_rmsnorm_backward_fd(void **state) {
     }
 }
 
+/* The bf16-output forms of the RMSNorm and SwiGLU forwards (what a bf16 run's matmul inputs
+ * come from) must give exactly bf16_from_f32 of the fp32 forms' outputs, and the same rstd:
+ * a ragged N, per-head groups, and N over one 512-element piece. */
+static void test_forward_bf16_outputs(void **state) {
+    (void)state;
+    test_rng_t rng = {13};
+    static const int64_t shapes[][3] = {{5, 1, 130}, {4, 3, 16}, {3, 1, 1100}}; /* T, G, N */
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t T = shapes[i][0], G = shapes[i][1], N = shapes[i][2], W = G * N, ld = W + 7;
+        float *inp = falloc((size_t)(T * ld)), *w = falloc((size_t)N), *out = falloc((size_t)(T * W));
+        float *rstd = falloc((size_t)(T * G)), *rstd16 = falloc((size_t)(T * G));
+        bf16_t *out16 = malloc((size_t)(T * W) * sizeof(bf16_t));
+        fill_uniform(inp, (size_t)(T * ld), &rng, -2.0f, 2.0f);
+        fill_uniform(w, (size_t)N, &rng, 0.5f, 1.5f);
+        rmsnorm_forward(out, W, rstd, inp, ld, w, T, G, N, 1e-6f);
+        rmsnorm_forward_bf16(out16, W, rstd16, inp, ld, w, T, G, N, 1e-6f);
+        assert_memory_equal(rstd, rstd16, (size_t)(T * G) * sizeof(float));
+        for (int64_t e = 0; e < T * W; e++)
+            if (out16[e] != bf16_from_f32(out[e])) fail_msg("rmsnorm_forward_bf16 T=%ld N=%ld: element %ld", (long)T, (long)N, (long)e);
+        free(inp), free(w), free(out), free(rstd), free(rstd16), free(out16);
+    }
+    const int64_t T = 3, F = 1100; /* two full 512-column tiles and a ragged one */
+    float *gate_up = falloc((size_t)(T * 2 * F)), *h = falloc((size_t)(T * F));
+    bf16_t *h16 = malloc((size_t)(T * F) * sizeof(bf16_t));
+    fill_uniform(gate_up, (size_t)(T * 2 * F), &rng, -6.0f, 6.0f);
+    swiglu_forward(h, gate_up, T, F);
+    swiglu_forward_bf16(h16, gate_up, T, F);
+    for (int64_t e = 0; e < T * F; e++)
+        if (h16[e] != bf16_from_f32(h[e])) fail_msg("swiglu_forward_bf16: element %ld", (long)e);
+    free(gate_up), free(h), free(h16);
+}
+
 /* In place (out == inp, dinp == dout, same row stride) runs the same arithmetic in the same
  * order as out of place, so the results are identical bit for bit. */
 static void test_rmsnorm_in_place(void **state) {
@@ -1420,6 +1452,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm_forward),
         cmocka_unit_test(test_rmsnorm_backward_fd),
         cmocka_unit_test(test_rmsnorm_in_place),
+        cmocka_unit_test(test_forward_bf16_outputs),
         cmocka_unit_test(test_rope_tables),
         cmocka_unit_test(test_rope_forward_backward),
         cmocka_unit_test(test_swiglu_forward),

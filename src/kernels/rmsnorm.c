@@ -3,21 +3,47 @@
 #include <math.h>
 #include <string.h>
 
-void rmsnorm_forward(float *out, int64_t ld_out, float *rstd, const float *inp, int64_t ld_in,
-                     const float *weight, int64_t T, int64_t G, int64_t N, float eps) {
+static inline float row_rstd(const float *x, int64_t N, float eps) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < N; i++) ss += x[i] * x[i];
+    return 1.0f / sqrtf(ss / (float)N + eps);
+}
+
+enum { BF16_PIECE = 512 };
+
+/* The forward into fp32 out, or (out NULL) rounded to bf16 into out16. */
+static void forward_rows(float *out, bf16_t *out16, int64_t ld_out, float *rstd, const float *inp, int64_t ld_in,
+                         const float *weight, int64_t T, int64_t G, int64_t N, float eps) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < T * G; r++) {
         int64_t t = r / G, g = r % G;
         const float *x = inp + t * ld_in + g * N;
-        float *y = out + t * ld_out + g * N;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < N; i++) ss += x[i] * x[i];
-        float s = 1.0f / sqrtf(ss / (float)N + eps);
-        rstd[r] = s;
+        float s = rstd[r] = row_rstd(x, N, eps);
+        if (out) {
+            float *y = out + t * ld_out + g * N;
 #pragma omp simd
-        for (int64_t i = 0; i < N; i++) y[i] = x[i] * s * weight[i];
+            for (int64_t i = 0; i < N; i++) y[i] = x[i] * s * weight[i];
+            continue;
+        }
+        for (int64_t i0 = 0; i0 < N; i0 += BF16_PIECE) { /* through L1, a piece at a time */
+            int64_t n = N - i0 < BF16_PIECE ? N - i0 : BF16_PIECE;
+            float y[BF16_PIECE];
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) y[i] = x[i0 + i] * s * weight[i0 + i];
+            bf16_from_f32_block(out16 + t * ld_out + g * N + i0, y, n);
+        }
     }
+}
+
+void rmsnorm_forward(float *out, int64_t ld_out, float *rstd, const float *inp, int64_t ld_in,
+                     const float *weight, int64_t T, int64_t G, int64_t N, float eps) {
+    forward_rows(out, NULL, ld_out, rstd, inp, ld_in, weight, T, G, N, eps);
+}
+
+void rmsnorm_forward_bf16(bf16_t *out, int64_t ld_out, float *rstd, const float *inp, int64_t ld_in,
+                          const float *weight, int64_t T, int64_t G, int64_t N, float eps) {
+    forward_rows(NULL, out, ld_out, rstd, inp, ld_in, weight, T, G, N, eps);
 }
 
 /* Rows per chunk of the backward: a function of the row count only, so that dweight's sums

@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/bf16.h"
+
 /* The largest N: the backward keeps one row of dweight sums on each thread's stack (64 KiB).
  * The config caps base_emb_dim and head_dim at it. */
 enum { RMSNORM_MAX_N = 16384 };
@@ -15,6 +17,11 @@ enum { RMSNORM_MAX_N = 16384 };
  * out may equal inp (same ld). */
 void rmsnorm_forward(float *out, int64_t ld_out, float *rstd, const float *inp, int64_t ld_in,
                      const float *weight, int64_t T, int64_t G, int64_t N, float eps);
+
+/* The same with the output rounded to bf16 (as bf16_from_f32 rounds it), for a bf16 matmul's
+ * input: the fp32 output is never written and read back. out[T, G·N] bf16 (row stride ld_out). */
+void rmsnorm_forward_bf16(bf16_t *out, int64_t ld_out, float *rstd, const float *inp, int64_t ld_in,
+                          const float *weight, int64_t T, int64_t G, int64_t N, float eps);
 
 /* dinp[T, G·N] (ld_dinp): written, or added to when accumulate_dinp (the residual stream);
  * dweight[N] += Σ over rows; dout[T, G·N] (ld_dout); inp, weight, rstd as in forward.

@@ -23,17 +23,32 @@ static void sigmoid_row(float *out, const float *x, int64_t n) {
 
 enum { SWIGLU_TILE = 512 };
 
+/* y[n] = silu(g)·u for n ≤ SWIGLU_TILE. */
+static inline void swiglu_tile(float *y, const float *g, const float *u, int64_t n) {
+    float sig[SWIGLU_TILE];
+    sigmoid_row(sig, g, n);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) y[j] = g[j] * sig[j] * u[j];
+}
+
 void swiglu_forward(float *h, const float *gate_up, int64_t T, int64_t F) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
         const float *g = gate_up + t * 2 * F, *u = g + F;
-        float *y = h + t * F;
-        float sig[SWIGLU_TILE];
+        for (int64_t j0 = 0; j0 < F; j0 += SWIGLU_TILE)
+            swiglu_tile(h + t * F + j0, g + j0, u + j0, F - j0 < SWIGLU_TILE ? F - j0 : SWIGLU_TILE);
+    }
+}
+
+void swiglu_forward_bf16(bf16_t *h, const float *gate_up, int64_t T, int64_t F) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gate_up + t * 2 * F, *u = g + F;
         for (int64_t j0 = 0; j0 < F; j0 += SWIGLU_TILE) {
             int64_t n = F - j0 < SWIGLU_TILE ? F - j0 : SWIGLU_TILE;
-            sigmoid_row(sig, g + j0, n);
-#pragma omp simd
-            for (int64_t j = 0; j < n; j++) y[j0 + j] = g[j0 + j] * sig[j] * u[j0 + j];
+            float y[SWIGLU_TILE];
+            swiglu_tile(y, g + j0, u + j0, n);
+            bf16_from_f32_block(h + t * F + j0, y, n);
         }
     }
 }

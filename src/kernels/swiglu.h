@@ -6,8 +6,13 @@
 
 #include <stdint.h>
 
+#include "kernels/bf16.h"
+
 /* h[T, F], gate_up[T, 2F] */
 void swiglu_forward(float *h, const float *gate_up, int64_t T, int64_t F);
+/* The same with h rounded to bf16 (as bf16_from_f32 rounds it), for the down projection's bf16
+ * input: the fp32 h is never written and read back. */
+void swiglu_forward_bf16(bf16_t *h, const float *gate_up, int64_t T, int64_t F);
 /* dgate_up[T, 2F] (written), dh[T, F], gate_up[T, 2F] */
 void swiglu_backward(float *dgate_up, const float *dh, const float *gate_up, int64_t T, int64_t F);
 

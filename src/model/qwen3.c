@@ -342,29 +342,42 @@ static void to_bf16(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t n) 
     SPAN(m, m->names.fwd[OP_TO_BF16], 0, bf16_from_f32_array(dst, src, n));
 }
 
+/* bf16 runs: y (= or +=) x·Wᵀ with x already in s.in16 (bf16 [T, in]), written there by its
+ * producer (norm_to_in16, swiglu_to_in16) or by to_bf16. */
+static void linear_fwd_in16(qwen3_model_t *m, int op, float *y, const float *W, int64_t T, int64_t out, int64_t in,
+                            bool accumulate) {
+    SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
+         gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, in, weight16(m, W), in, y, out, accumulate));
+}
+
 /* y[T, out] (= or +=) x[T, in] · W[out, in]ᵀ */
 static void linear_fwd(qwen3_model_t *m, int op, float *y, const float *x, const float *W,
                        int64_t T, int64_t out, int64_t in, bool accumulate) {
     if (m->opt.bf16) {
         to_bf16(m, m->s.in16, x, T * in);
-        SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
-             gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, in, weight16(m, W), in, y, out, accumulate));
+        linear_fwd_in16(m, op, y, W, T, out, in, accumulate);
         return;
     }
     SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
          gemm_f32(m->gemm, false, true, T, out, in, x, in, W, in, y, out, accumulate));
 }
 
+/* bf16 runs: linear_bwd with x already in s.in16. */
+static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, const float *W, int64_t T,
+                            int64_t out, int64_t in) {
+    to_bf16(m, m->s.dy16, dy, T * out);
+    SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
+         gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, out, m->s.in16, in, dW, in, true));
+    SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
+         gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, out, weight16(m, W), in, dx, in, false));
+}
+
 /* dx = dy·W (written) and dW += dyᵀ·x; dx may alias x (x is read first). */
 static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy,
                        const float *x, const float *W, int64_t T, int64_t out, int64_t in) {
     if (m->opt.bf16) {
-        to_bf16(m, m->s.dy16, dy, T * out);
         to_bf16(m, m->s.in16, x, T * in);
-        SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
-             gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, out, m->s.in16, in, dW, in, true));
-        SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
-             gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, out, weight16(m, W), in, dx, in, false));
+        linear_bwd_in16(m, op, dx, dW, dy, W, T, out, in);
         return;
     }
     if (wide_layer(out, in) && m->s.x_t && gemm_wide_gradients_slow(m->gemm)) {
@@ -384,6 +397,37 @@ static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const flo
          gemm_f32(m->gemm, true, false, out, in, T, dy, out, x, in, dW, in, true));
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
          gemm_f32(m->gemm, false, false, T, in, out, dy, out, W, in, dx, in, false));
+}
+
+/* A layer norm of x [T, D] for a matmul's input: fp32 into s.ln, or in bf16 runs straight into
+ * s.in16 (the fp32 output would only be rounded there). */
+static void layer_norm_for_matmul(qwen3_model_t *m, int op, float *rstd, const float *x, const float *w) {
+    const qwen3_dims_t *d = &m->d;
+    int64_t T = d->B * d->S;
+    if (m->opt.bf16)
+        SPAN(m, m->names.fwd[op], 0, rmsnorm_forward_bf16(m->s.in16, d->D, rstd, x, d->D, w, T, 1, d->D, (float)d->eps));
+    else
+        SPAN(m, m->names.fwd[op], 0, rmsnorm_forward(m->s.ln, d->D, rstd, x, d->D, w, T, 1, d->D, (float)d->eps));
+}
+
+/* h = swiglu(gate_up) for the down projection: fp32 into s.h, or bf16 into s.in16. */
+static void swiglu_for_matmul(qwen3_model_t *m, const float *gate_up) {
+    const qwen3_dims_t *d = &m->d;
+    int64_t T = d->B * d->S;
+    if (m->opt.bf16) SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward_bf16(m->s.in16, gate_up, T, d->F));
+    else SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(m->s.h, gate_up, T, d->F));
+}
+
+/* The matmul input a *_for_matmul producer left: y (= or +=) x·Wᵀ, and its backward. */
+static void linear_fwd_produced(qwen3_model_t *m, int op, float *y, const float *x_f32, const float *W, int64_t T,
+                                int64_t out, int64_t in, bool accumulate) {
+    if (m->opt.bf16) linear_fwd_in16(m, op, y, W, T, out, in, accumulate);
+    else linear_fwd(m, op, y, x_f32, W, T, out, in, accumulate);
+}
+static void linear_bwd_produced(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, const float *x_f32,
+                                const float *W, int64_t T, int64_t out, int64_t in) {
+    if (m->opt.bf16) linear_bwd_in16(m, op, dx, dW, dy, W, T, out, in);
+    else linear_bwd(m, op, dx, dW, dy, x_f32, W, T, out, in);
 }
 
 static attn_shape_t attn_shape(const qwen3_dims_t *d) { return (attn_shape_t){d->B, d->S, d->H, d->KV, d->HD}; }
@@ -413,13 +457,12 @@ static void qk_from_qkv(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_a
     SPAN(m, m->names.fwd[OP_ROPE], 0, rope_forward(a->qk, QK, m->s.rope_cos, m->s.rope_sin, d->B, d->S, d->H + d->KV, d->HD));
 }
 
-/* Norm the input, project q/k/v, qk-norm and rope q and k: fills a->qkv, a->qk, a->rstd1, and
- * leaves the normed input in s.ln (what the qkv weight gradient needs). */
+/* Norm the input, project q/k/v, qk-norm and rope q and k: fills a->qkv, a->qk, a->rstd1. */
 static void attention_inputs(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_acts_t *a, const float *x) {
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD;
-    SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(m->s.ln, d->D, a->rstd1, x, d->D, w->input_norm, T, 1, d->D, (float)d->eps));
-    linear_fwd(m, OP_QKV, a->qkv, m->s.ln, w->q_proj, T, QKV, d->D, false);
+    layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
+    linear_fwd_produced(m, OP_QKV, a->qkv, m->s.ln, w->q_proj, T, QKV, d->D, false);
     qk_from_qkv(m, w, a);
 }
 
@@ -440,11 +483,11 @@ static void layer_forward(qwen3_model_t *m, int64_t l, const float *x, float *x_
                                a->qkv + (d->H + d->KV) * d->HD, QKV, &as, m->s.attention, m->thread_gemm));
     copy_rows(m, a->x2, x, T * d->D);
     linear_fwd(m, OP_O_PROJ, a->x2, a->attn, w->o_proj, T, d->D, d->H * d->HD, true);
-    SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(m->s.ln, d->D, a->rstd2, a->x2, d->D, w->post_norm, T, 1, d->D, (float)d->eps));
-    linear_fwd(m, OP_GATE_UP, a->gate_up, m->s.ln, w->gate_proj, T, 2 * d->F, d->D, false);
-    SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(m->s.h, a->gate_up, T, d->F));
+    layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
+    linear_fwd_produced(m, OP_GATE_UP, a->gate_up, m->s.ln, w->gate_proj, T, 2 * d->F, d->D, false);
+    swiglu_for_matmul(m, a->gate_up);
     copy_rows(m, x_out, a->x2, T * d->D);
-    linear_fwd(m, OP_DOWN, x_out, m->s.h, w->down_proj, T, d->D, d->F, true);
+    linear_fwd_produced(m, OP_DOWN, x_out, m->s.h, w->down_proj, T, d->D, d->F, true);
 }
 
 /* On entry s.dres holds dL/d(layer output); on exit dL/d(layer input). */
@@ -456,13 +499,13 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     scratch_t *s = &m->s;
     int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, QK = (d->H + d->KV) * d->HD, HHD = d->H * d->HD;
     attn_shape_t as = attn_shape(d);
-    float eps = (float)d->eps;
-    /* MLP: recompute its normed input and the swiglu output rather than saving them. */
-    SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(s->ln, d->D, a->rstd2, a->x2, d->D, w->post_norm, T, 1, d->D, eps));
-    SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(s->h, a->gate_up, T, d->F));
-    linear_bwd(m, OP_DOWN, s->h, dw->down_proj, s->dres, s->h, w->down_proj, T, d->D, d->F);
+    /* MLP: recompute the swiglu output and the normed input rather than saving them, each just
+     * before the weight gradient that reads it (in bf16 runs both land in s.in16). */
+    swiglu_for_matmul(m, a->gate_up);
+    linear_bwd_produced(m, OP_DOWN, s->h, dw->down_proj, s->dres, s->h, w->down_proj, T, d->D, d->F);
     SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward(s->dgate_up, s->h, a->gate_up, T, d->F));
-    linear_bwd(m, OP_GATE_UP, s->dln, dw->gate_proj, s->dgate_up, s->ln, w->gate_proj, T, 2 * d->F, d->D);
+    layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
+    linear_bwd_produced(m, OP_GATE_UP, s->dln, dw->gate_proj, s->dgate_up, s->ln, w->gate_proj, T, 2 * d->F, d->D);
     SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->post_norm, s->dln, d->D, a->x2, d->D, w->post_norm, a->rstd2, T, 1, d->D));
     /* Attention. */
     linear_bwd(m, OP_O_PROJ, s->dattn, dw->o_proj, s->dres, a->attn, w->o_proj, T, d->D, HHD);
@@ -485,8 +528,8 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
                              a->qk_rstd + T * d->H, T, d->KV, d->HD);
         });
     }
-    SPAN(m, m->names.fwd[OP_NORM], 0, rmsnorm_forward(s->ln, d->D, a->rstd1, x, d->D, w->input_norm, T, 1, d->D, eps));
-    linear_bwd(m, OP_QKV, s->dln, dw->q_proj, s->dqkv, s->ln, w->q_proj, T, QKV, d->D);
+    layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
+    linear_bwd_produced(m, OP_QKV, s->dln, dw->q_proj, s->dqkv, s->ln, w->q_proj, T, QKV, d->D);
     SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->input_norm, s->dln, d->D, x, d->D, w->input_norm, a->rstd1, T, 1, d->D));
 }
 
@@ -498,7 +541,7 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
     scratch_t *s = &m->s;
     int64_t T = d->B * d->S, C = m->opt.xent_chunk;
     const float *x = layer_input(m, d->L);
-    SPAN(m, m->names.fwd[OP_FINAL_NORM], 0, rmsnorm_forward(s->ln, d->D, s->rstd_final, x, d->D, m->w.final_norm, T, 1, d->D, (float)d->eps));
+    layer_norm_for_matmul(m, OP_FINAL_NORM, s->rstd_final, x, m->w.final_norm); /* bf16: all T rows in s.in16 */
     double loss_sum = 0.0;
     float grad_scale = 1.0f / (float)T;
     for (int64_t t0 = 0; t0 < T; t0 += C) {
@@ -508,10 +551,10 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
             s->targets[i] = m->tokens[(t / d->S) * (d->S + 1) + t % d->S + 1];
         }
         const float *h = s->ln + t0 * d->D;
+        const bf16_t *h16 = s->in16 + t0 * d->D;
         if (m->opt.bf16) {
-            to_bf16(m, s->in16, h, n * d->D);
             SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
-                 gemm_bf16(m->gemm, false, true, n, d->V, d->D, s->in16, d->D, weight16(m, m->w.lm_head), d->D, s->logits, d->V, false));
+                 gemm_bf16(m->gemm, false, true, n, d->V, d->D, h16, d->D, weight16(m, m->w.lm_head), d->D, s->logits, d->V, false));
         } else {
             SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
                  gemm_f32(m->gemm, false, true, n, d->V, d->D, h, d->D, m->w.lm_head, d->D, s->logits, d->V, false));
@@ -523,7 +566,7 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
         if (m->opt.bf16) {
             to_bf16(m, s->dy16, s->logits, n * d->V);
             SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
-                 gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, s->in16, d->D, m->dw.lm_head, d->D, true));
+                 gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, d->D, m->dw.lm_head, d->D, true));
             SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
                  gemm_bf16(m->gemm, false, false, n, d->D, d->V, s->dy16, d->V, weight16(m, m->w.lm_head), d->D, s->dln + t0 * d->D, d->D, false));
             continue;
