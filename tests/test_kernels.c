@@ -610,9 +610,9 @@ static void test_rmsnorm_backward_fd(void **state) {
     }
 }
 
-/* The bf16-output forms of the RMSNorm and SwiGLU forwards (what a bf16 run's matmul inputs
- * come from) must give exactly bf16_from_f32 of the fp32 forms' outputs, and the same rstd:
- * a ragged N, per-head groups, and N over one 512-element piece. */
+/* The bf16-output forms of the RMSNorm and SwiGLU forwards and of SwiGLU's backward (what a
+ * bf16 run's matmul operands come from) must give exactly bf16_from_f32 of the fp32 forms'
+ * outputs, and the same rstd: a ragged N, per-head groups, and N over one 512-element piece. */
 static void test_forward_bf16_outputs(void **state) {
     (void)state;
     test_rng_t rng = {13};
@@ -639,7 +639,15 @@ static void test_forward_bf16_outputs(void **state) {
     swiglu_forward_bf16(h16, gate_up, T, F);
     for (int64_t e = 0; e < T * F; e++)
         if (h16[e] != bf16_from_f32(h[e])) fail_msg("swiglu_forward_bf16: element %ld", (long)e);
-    free(gate_up), free(h), free(h16);
+    /* and the backward's bf16 dgate_up, from the same dh */
+    float *dgu = falloc((size_t)(T * 2 * F));
+    bf16_t *dgu16 = malloc((size_t)(T * 2 * F) * sizeof(bf16_t));
+    fill_uniform(h, (size_t)(T * F), &rng, -1.0f, 1.0f);
+    swiglu_backward(dgu, h, gate_up, T, F);
+    swiglu_backward_bf16(dgu16, h, gate_up, T, F);
+    for (int64_t e = 0; e < T * 2 * F; e++)
+        if (dgu16[e] != bf16_from_f32(dgu[e])) fail_msg("swiglu_backward_bf16: element %ld", (long)e);
+    free(gate_up), free(h), free(h16), free(dgu), free(dgu16);
 }
 
 /* In place (out == inp, dinp == dout, same row stride) runs the same arithmetic in the same

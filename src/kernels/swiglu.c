@@ -53,22 +53,40 @@ void swiglu_forward_bf16(bf16_t *h, const float *gate_up, int64_t T, int64_t F) 
     }
 }
 
+/* dg[n], du[n] of the gate and up inputs for n ≤ SWIGLU_TILE. */
+static inline void swiglu_backward_tile(float *dg, float *du, const float *g, const float *u, const float *dy,
+                                        int64_t n) {
+    float sig[SWIGLU_TILE];
+    sigmoid_row(sig, g, n);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) {
+        float x = g[j], s = sig[j];
+        float silu = x * s;
+        du[j] = dy[j] * silu;
+        dg[j] = dy[j] * u[j] * s * (1.0f + x * (1.0f - s));
+    }
+}
+
 void swiglu_backward(float *dgate_up, const float *dh, const float *gate_up, int64_t T, int64_t F) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
         const float *g = gate_up + t * 2 * F, *u = g + F, *dy = dh + t * F;
         float *dg = dgate_up + t * 2 * F, *du = dg + F;
-        float sig[SWIGLU_TILE];
+        for (int64_t j0 = 0; j0 < F; j0 += SWIGLU_TILE)
+            swiglu_backward_tile(dg + j0, du + j0, g + j0, u + j0, dy + j0, F - j0 < SWIGLU_TILE ? F - j0 : SWIGLU_TILE);
+    }
+}
+
+void swiglu_backward_bf16(bf16_t *dgate_up, const float *dh, const float *gate_up, int64_t T, int64_t F) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = gate_up + t * 2 * F, *u = g + F, *dy = dh + t * F;
         for (int64_t j0 = 0; j0 < F; j0 += SWIGLU_TILE) {
             int64_t n = F - j0 < SWIGLU_TILE ? F - j0 : SWIGLU_TILE;
-            sigmoid_row(sig, g + j0, n);
-#pragma omp simd
-            for (int64_t j = 0; j < n; j++) {
-                float x = g[j0 + j], s = sig[j];
-                float silu = x * s;
-                du[j0 + j] = dy[j0 + j] * silu;
-                dg[j0 + j] = dy[j0 + j] * u[j0 + j] * s * (1.0f + x * (1.0f - s));
-            }
+            float dg[SWIGLU_TILE], du[SWIGLU_TILE];
+            swiglu_backward_tile(dg, du, g + j0, u + j0, dy + j0, n);
+            bf16_from_f32_block(dgate_up + t * 2 * F + j0, dg, n);
+            bf16_from_f32_block(dgate_up + t * 2 * F + F + j0, du, n);
         }
     }
 }

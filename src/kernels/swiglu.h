@@ -15,5 +15,8 @@ void swiglu_forward(float *h, const float *gate_up, int64_t T, int64_t F);
 void swiglu_forward_bf16(bf16_t *h, const float *gate_up, int64_t T, int64_t F);
 /* dgate_up[T, 2F] (written), dh[T, F], gate_up[T, 2F] */
 void swiglu_backward(float *dgate_up, const float *dh, const float *gate_up, int64_t T, int64_t F);
+/* The same with dgate_up rounded to bf16, the output gradient of the gate/up projection's bf16
+ * products. */
+void swiglu_backward_bf16(bf16_t *dgate_up, const float *dh, const float *gate_up, int64_t T, int64_t F);
 
 #endif

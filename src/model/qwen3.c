@@ -362,14 +362,20 @@ static void linear_fwd(qwen3_model_t *m, int op, float *y, const float *x, const
          gemm_f32(m->gemm, false, true, T, out, in, x, in, W, in, y, out, accumulate));
 }
 
-/* bf16 runs: linear_bwd with x already in s.in16. */
-static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, const float *W, int64_t T,
-                            int64_t out, int64_t in) {
-    to_bf16(m, m->s.dy16, dy, T * out);
+/* bf16 runs: linear_bwd with x already in s.in16 and dy in s.dy16. */
+static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, float *dW, const float *W, int64_t T, int64_t out,
+                          int64_t in) {
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
          gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, out, m->s.in16, in, dW, in, true));
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
          gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, out, weight16(m, W), in, dx, in, false));
+}
+
+/* bf16 runs: linear_bwd with x already in s.in16. */
+static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, const float *W, int64_t T,
+                            int64_t out, int64_t in) {
+    to_bf16(m, m->s.dy16, dy, T * out);
+    linear_bwd_16(m, op, dx, dW, W, T, out, in);
 }
 
 /* dx = dy·W (written) and dW += dyᵀ·x; dx may alias x (x is read first). */
@@ -503,9 +509,15 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
      * before the weight gradient that reads it (in bf16 runs both land in s.in16). */
     swiglu_for_matmul(m, a->gate_up);
     linear_bwd_produced(m, OP_DOWN, s->h, dw->down_proj, s->dres, s->h, w->down_proj, T, d->D, d->F);
-    SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward(s->dgate_up, s->h, a->gate_up, T, d->F));
-    layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
-    linear_bwd_produced(m, OP_GATE_UP, s->dln, dw->gate_proj, s->dgate_up, s->ln, w->gate_proj, T, 2 * d->F, d->D);
+    if (m->opt.bf16) { /* dgate_up goes straight to the products' bf16 dy */
+        SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward_bf16(s->dy16, s->h, a->gate_up, T, d->F));
+        layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
+        linear_bwd_16(m, OP_GATE_UP, s->dln, dw->gate_proj, w->gate_proj, T, 2 * d->F, d->D);
+    } else {
+        SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward(s->dgate_up, s->h, a->gate_up, T, d->F));
+        layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
+        linear_bwd(m, OP_GATE_UP, s->dln, dw->gate_proj, s->dgate_up, s->ln, w->gate_proj, T, 2 * d->F, d->D);
+    }
     SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->post_norm, s->dln, d->D, a->x2, d->D, w->post_norm, a->rstd2, T, 1, d->D));
     /* Attention. */
     linear_bwd(m, OP_O_PROJ, s->dattn, dw->o_proj, s->dres, a->attn, w->o_proj, T, d->D, HHD);
