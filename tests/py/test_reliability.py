@@ -192,10 +192,10 @@ def _drop(name):
     return lambda h: h.pop(name)
 
 
-def _extra_tensor(p):
+def _extra_tensor(p, name="extra.weight"):
     """A valid tiny checkpoint plus one tensor the model does not have."""
     def add(h, end):
-        h["extra.weight"] = {"dtype": "F32", "shape": [4], "data_offsets": [end, end + 16]}
+        h[name] = {"dtype": "F32", "shape": [4], "data_offsets": [end, end + 16]}
     write_tiny_safetensors(p)
     _rewrite(p, add, bytes(16))
 
@@ -286,6 +286,9 @@ BAD_INPUTS = [
     ("safetensors misnamed tensor", _st(_edit_header(_rename("model.norm.weight", "lm_head.weight"))), 1,
      ["model.norm.weight"]),
     ("safetensors extra tensor", _st(_extra_tensor), 1, ["unexpected tensor extra.weight"]),
+    # a newline in a name from the file is shown as '?' (the fuzzer's find): still one line
+    ("safetensors extra tensor, newline in its name", _st(lambda p: _extra_tensor(p, "extra\nweight")), 1,
+     ["unexpected tensor extra?weight"]),
     ("safetensors dropped tensor", _st(_edit_header(_drop("model.layers.0.mlp.up_proj.weight"))), 1,
      ["belong to no tensor"]),
     ("safetensors not JSON", _st(lambda p: p.write_bytes(struct.pack("<Q", 8) + b"{'a': 1}")), 1, ["not valid JSON"]),
@@ -335,7 +338,7 @@ def test_bad_input_refused(tmp_path, setup, code, needles, build):
 
 def test_bad_input_count():
     # the README's reliability table quotes this number
-    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 71
+    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 72
 
 
 # ---- 2. faults: a full disk, a read-only folder, truncated inputs -----------------------------
