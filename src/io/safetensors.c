@@ -3,6 +3,7 @@
  * hand-edited file gives one line naming the file and the problem, never a crash. */
 #include "io/safetensors.h"
 #include "util/atomic_file.h"
+#include "util/one_line.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -55,9 +56,7 @@ static void set_err(char *err, size_t errlen, const char *path, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
     va_end(ap);
-    /* Names come from the file: a control character in one must not break the one-line message. */
-    for (char *p = err; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+    one_line(err); /* names come from the file */
 }
 
 static char *dup_str(const char *s) {

@@ -1,7 +1,6 @@
 #include "kernels/transpose.h"
 
 #include <immintrin.h>
-#include <string.h>
 
 #include "kernels/vecmath.h"
 

@@ -343,7 +343,7 @@ static void to_bf16(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t n) 
 }
 
 /* bf16 runs: y (= or +=) x·Wᵀ with x already in s.in16 (bf16 [T, in]), written there by its
- * producer (norm_to_in16, swiglu_to_in16) or by to_bf16. */
+ * producer (layer_norm_for_matmul, swiglu_for_matmul) or by to_bf16. */
 static void linear_fwd_in16(qwen3_model_t *m, int op, float *y, const float *W, int64_t T, int64_t out, int64_t in,
                             bool accumulate) {
     SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
@@ -509,15 +509,13 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
      * before the weight gradient that reads it (in bf16 runs both land in s.in16). */
     swiglu_for_matmul(m, a->gate_up);
     linear_bwd_produced(m, OP_DOWN, s->h, dw->down_proj, s->dres, s->h, w->down_proj, T, d->D, d->F);
-    if (m->opt.bf16) { /* dgate_up goes straight to the products' bf16 dy */
+    if (m->opt.bf16) /* dgate_up goes straight to the products' bf16 dy */
         SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward_bf16(s->dy16, s->h, a->gate_up, T, d->F));
-        layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
-        linear_bwd_16(m, OP_GATE_UP, s->dln, dw->gate_proj, w->gate_proj, T, 2 * d->F, d->D);
-    } else {
+    else
         SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward(s->dgate_up, s->h, a->gate_up, T, d->F));
-        layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
-        linear_bwd(m, OP_GATE_UP, s->dln, dw->gate_proj, s->dgate_up, s->ln, w->gate_proj, T, 2 * d->F, d->D);
-    }
+    layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
+    if (m->opt.bf16) linear_bwd_16(m, OP_GATE_UP, s->dln, dw->gate_proj, w->gate_proj, T, 2 * d->F, d->D);
+    else linear_bwd(m, OP_GATE_UP, s->dln, dw->gate_proj, s->dgate_up, s->ln, w->gate_proj, T, 2 * d->F, d->D);
     SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->post_norm, s->dln, d->D, a->x2, d->D, w->post_norm, a->rstd2, T, 1, d->D));
     /* Attention. */
     linear_bwd(m, OP_O_PROJ, s->dattn, dw->o_proj, s->dres, a->attn, w->o_proj, T, d->D, HHD);

@@ -6,6 +6,7 @@
 
 #include "io/safetensors.h"
 #include "model/qwen3.h"
+#include "util/one_line.h"
 #include "util/rng.h"
 
 static void add_tensor(qwen3_tensor_info_t *out, int64_t *count, int64_t *offset,
@@ -122,13 +123,6 @@ static int check_shape(const st_tensor_t *st, const qwen3_tensor_info_t *t, cons
     return -1;
 }
 
-/* Tensor names come from the file: a control character in one must not break the one-line
- * message (the fuzzer found a name holding a newline). */
-static void one_line(char *msg) {
-    for (; *msg; msg++)
-        if ((unsigned char)*msg < 0x20 || *msg == 0x7f) *msg = '?';
-}
-
 int qwen3_load_safetensors(float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen) {
     safetensors_t st;
     if (safetensors_open(&st, path, err, errlen) != 0) return -1;
@@ -166,7 +160,7 @@ int qwen3_load_safetensors(float *base, const qwen3_dims_t *d, const char *path,
     }
     rc = 0;
 done:
-    if (rc != 0 && err && errlen) one_line(err);
+    if (rc != 0 && err && errlen) one_line(err); /* tensor names come from the file */
     free(t);
     safetensors_close(&st);
     return rc;
