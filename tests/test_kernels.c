@@ -337,14 +337,19 @@ static void test_bf16_rounding(void **state) {
 }
 
 /* transpose: exact (a copy), over shapes that mix whole 16×16 tiles, 64-column bands and
- * ragged edges, with leading dims wider than the matrices and the destination's padding kept. */
+ * ragged edges, with leading dims wider than the matrices and the destination's padding kept;
+ * each shape also with a 64-byte aligned destination of a 16-float multiple leading dim, where
+ * whole tiles go out as streaming stores. */
 static void test_transpose(void **state) {
     (void)state;
     static const int64_t shapes[][2] = {{1, 1}, {16, 16}, {37, 53}, {130, 203}, {64, 3}, {5, 70}};
     test_rng_t rng = {4};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        int64_t R = shapes[i][0], C = shapes[i][1], lds = C + 3, ldd = R + 5;
-        float *src = falloc((size_t)(R * lds)), *dst = falloc((size_t)(C * ldd));
+    for (size_t i = 0; i < 2 * sizeof shapes / sizeof shapes[0]; i++) {
+        const bool aligned = i % 2;
+        int64_t R = shapes[i / 2][0], C = shapes[i / 2][1], lds = C + 3, ldd = aligned ? (R + 5 + 15) / 16 * 16 : R + 5;
+        float *src = falloc((size_t)(R * lds));
+        float *dst = aligned_alloc(64, ((size_t)(C * ldd) * sizeof(float) + 63) / 64 * 64);
+        assert_non_null(dst);
         fill_uniform(src, (size_t)(R * lds), &rng, -1.0f, 1.0f);
         bf16_t *dst16 = malloc((size_t)(C * ldd) * sizeof(bf16_t));
         for (int serial = 0; serial < 2; serial++) {

@@ -109,9 +109,11 @@ static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64
 }
 
 /* One row of attention_softmax_rows: lse_out set computes the shift from the row's maximum and
- * returns 1/Σ through *inv_sum and the lse through *lse_out; otherwise the shift is lse_in. */
-static void softmax_row(float *row, int64_t visible, int64_t kend, float scale, float *lse_out, float lse_in,
-                        float *inv_sum) {
+ * returns 1/Σ through *inv_sum and the lse through *lse_out; otherwise the shift is lse_in.
+ * With dst16 the probabilities go to dst16 in bf16 (the row itself is left as it was) instead
+ * of back into the row: the P of a bf16 P·V product, without a pass that rereads an fp32 strip. */
+static void softmax_row(float *row, bf16_t *dst16, int64_t visible, int64_t kend, float scale, float *lse_out,
+                        float lse_in, float *inv_sum) {
     float shift;
     int64_t j = 0;
     if (lse_out) {
@@ -133,16 +135,29 @@ static void softmax_row(float *row, int64_t visible, int64_t kend, float scale, 
     __m512 acc = _mm512_setzero_ps();
     for (; j + 16 <= visible; j += 16) {
         __m512 e = exp512_ps(_mm512_fmsub_ps(_mm512_loadu_ps(row + j), sc, sh));
+#if defined(__AVX512BF16__)
+        if (dst16) _mm256_storeu_si256((__m256i *)(dst16 + j), (__m256i)_mm512_cvtneps_pbh(e));
+        else _mm512_storeu_ps(row + j, e);
+#else
         _mm512_storeu_ps(row + j, e);
+#endif
         acc = _mm512_add_ps(acc, e);
     }
     sum = _mm512_reduce_add_ps(acc);
+#if !defined(__AVX512BF16__)
+    if (dst16) bf16_from_f32_block(dst16, row, j);
+#endif
 #endif
     for (; j < visible; j++) {
-        row[j] = expf(row[j] * scale - shift);
-        sum += row[j];
+        float e = expf(row[j] * scale - shift);
+        if (dst16) dst16[j] = bf16_from_f32(e);
+        else row[j] = e;
+        sum += e;
     }
-    if (visible < kend) memset(row + visible, 0, (size_t)(kend - visible) * sizeof(float));
+    if (visible < kend) {
+        if (dst16) memset(dst16 + visible, 0, (size_t)(kend - visible) * sizeof(bf16_t));
+        else memset(row + visible, 0, (size_t)(kend - visible) * sizeof(float));
+    }
     if (lse_out) {
         *lse_out = shift + (float)log(sum);
         *inv_sum = (float)(1.0 / sum);
@@ -152,16 +167,29 @@ static void softmax_row(float *row, int64_t visible, int64_t kend, float scale, 
 void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64_t kend, float scale,
                             float *lse_out, const float *lse_in, float *row_inv_sum) {
     for (int64_t r = 0; r < nq; r++)
-        softmax_row(strip + r * ld, i0 + r + 1, kend, scale, lse_out ? lse_out + i0 + r : NULL,
+        softmax_row(strip + r * ld, NULL, i0 + r + 1, kend, scale, lse_out ? lse_out + i0 + r : NULL,
                     lse_out ? 0.0f : lse_in[i0 + r], lse_out ? row_inv_sum + r : NULL);
 }
 
-void attention_softmax_rows_to_bf16(bf16_t *dst, int64_t ld_dst, float *strip, int64_t ld, int64_t i0, int64_t nq,
-                                    int64_t kend, float scale, float *lse_out, float *row_inv_sum) {
-    for (int64_t r = 0; r < nq; r++) {
-        softmax_row(strip + r * ld, i0 + r + 1, kend, scale, lse_out + i0 + r, 0.0f, row_inv_sum + r);
-        bf16_from_f32_block(dst + r * ld_dst, strip + r * ld, kend);
-    }
+void attention_softmax_rows_to_bf16(bf16_t *dst, int64_t ld_dst, const float *strip, int64_t ld, int64_t i0,
+                                    int64_t nq, int64_t kend, float scale, float *lse_out, float *row_inv_sum) {
+    for (int64_t r = 0; r < nq; r++)
+        softmax_row((float *)(strip + r * ld), dst + r * ld_dst, i0 + r + 1, kend, scale, lse_out + i0 + r, 0.0f,
+                    row_inv_sum + r);
+}
+
+void attention_p_ds_chunk(float *p, float *ds, const float *scores, const float *dp, int64_t j0, int64_t n,
+                          int64_t visible, float scale, float lse, float di) {
+    const int64_t j1 = j0 + n, vis = visible < j1 ? visible : j1;
+    int64_t j = j0;
+#if defined(__AVX512F__)
+    const __m512 sh = _mm512_set1_ps(lse), sc = _mm512_set1_ps(scale);
+    for (; j + 16 <= vis; j += 16) _mm512_storeu_ps(p + j - j0, exp512_ps(_mm512_fmsub_ps(_mm512_loadu_ps(scores + j), sc, sh)));
+#endif
+    for (; j < vis; j++) p[j - j0] = expf(scores[j] * scale - lse);
+    for (; j < j1; j++) p[j - j0] = 0.0f;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) ds[i] = scale * p[i] * (dp[j0 + i] - di);
 }
 
 float attention_row_dot(const float *a, const float *b, int64_t n) {

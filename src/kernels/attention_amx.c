@@ -108,22 +108,30 @@ static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64
         }
 }
 
-/* dS = scale·P∘(dP − di) over rows [0, nqp) and keys [0, kp), in one pass that also writes the
- * three bf16 forms the products read, while the rows are in cache: dS row-major (A of
- * dQ = dS·K) and dS and P packed as B operands (of dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P). Two rows at
- * a time, since a packed tile row interleaves a pair of rows. The softmax's 1/sqrt(HD) is
- * folded into dS for dQ and dK. */
-static void ds_and_pack(const amx_bufs_t *t, int64_t lf, int64_t lb, int64_t nqp, int64_t kp, float scale,
-                        const float *di) {
-    for (int64_t r = 0; r < nqp; r += 2) {
-        float *p0 = t->p + r * lf, *p1 = p0 + lf, *d0 = t->dp + r * lf, *d1 = d0 + lf;
-        attention_ds_row(d0, p0, kp, scale, di[r]);
-        attention_ds_row(d1, p1, kp, scale, di[r + 1]);
-        bf16_from_f32_block(t->ds16 + r * lb, d0, kp);
-        bf16_from_f32_block(t->ds16 + (r + 1) * lb, d1, kp);
-        amx_pack_b_f32_pair(t->ds_packed, nqp, r, d0, d1, kp, kp);
-        amx_pack_b_f32_pair(t->p_packed, nqp, r, p0, p1, kp, kp);
-    }
+/* P and dS = scale·P∘(dP − di) over rows [0, nqp) and keys [0, kp), from the raw scores in
+ * t->p and dP in t->dp, straight into the three bf16 forms the products read: dS row-major (A of
+ * dQ = dS·K) and dS and P packed as B operands (of dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P). Two rows at a
+ * time, since a packed tile row interleaves a pair of rows, and PD_CHUNK keys at a time through
+ * L1, so neither P nor dS is written in fp32 and read back: the exponentials, the dS rows, two
+ * roundings and two packs had each made a pass over [QB, kp] fp32 strips, 25% of this kernel
+ * (perf). Rows nq..nqp belong to the zero padding queries: P 0 there. The softmax's 1/sqrt(HD)
+ * is folded into dS for dQ and dK. */
+static void p_ds_and_pack(const amx_bufs_t *t, int64_t lf, int64_t lb, int64_t i0, int64_t nq, int64_t nqp,
+                          int64_t kp, float scale, const float *row_lse, const float *di) {
+    float p[2][PD_CHUNK], ds[2][PD_CHUNK];
+    for (int64_t r = 0; r < nqp; r += 2)
+        for (int64_t j0 = 0; j0 < kp; j0 += PD_CHUNK) {
+            const int64_t n = kp - j0 < PD_CHUNK ? kp - j0 : PD_CHUNK;
+            for (int i = 0; i < 2; i++) {
+                const int64_t row = r + i;
+                attention_p_ds_chunk(p[i], ds[i], t->p + row * lf, t->dp + row * lf, j0, n, row < nq ? i0 + row + 1 : 0,
+                                     scale, row < nq ? row_lse[i0 + row] : 0.0f, di[row]);
+                bf16_from_f32_block(t->ds16 + row * lb + j0, ds[i], n);
+            }
+            const int64_t panels = j0 / 16 * (nqp / 2) * 32;
+            amx_pack_b_f32_pair(t->ds_packed + panels, nqp, r, ds[0], ds[1], n, n);
+            amx_pack_b_f32_pair(t->p_packed + panels, nqp, r, p[0], p[1], n, n);
+        }
 }
 
 void attention_forward_bf16_amx(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
@@ -188,15 +196,14 @@ void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld
                 attention_rows_to_bf16(t.do16, HDp, dop, ld_dout, nq, nqp, HD);
                 rows_to_bf16_transposed(t.qt16, qp, ld_q, nq, nqp, HD, HDp);
                 rows_to_bf16_transposed(t.dot16, dop, ld_dout, nq, nqp, HD, HDp);
-                amx_gemm(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false);
-                attention_softmax_rows(t.p, lf, i0, nq, kp, scale, NULL, row_lse, NULL);
+                amx_gemm(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false);     /* scores = q·kᵀ */
                 amx_gemm(t.dp, lf, t.do16, HDp, pk.vt, HDp, nqp, kp, HDp, false); /* dP = dO·Vᵀ */
                 float di[QB];
                 for (int64_t r = 0; r < nq; r++) di[r] = attention_row_dot(dop + r * ld_dout, op + r * ld_out, HD);
-                /* Rows nq..nqp of P and dP are the zero products of zero q and dO rows: as
-                 * K rows of the dKᵀ and dVᵀ products they add nothing. */
+                /* Rows nq..nqp of P and dP are zero (zero q and dO rows): as K rows of the dKᵀ
+                 * and dVᵀ products they add nothing. */
                 for (int64_t r = nq; r < nqp; r++) di[r] = 0.0f;
-                ds_and_pack(&t, lf, lb, nqp, kp, scale, di);
+                p_ds_and_pack(&t, lf, lb, i0, nq, nqp, kp, scale, row_lse, di);
                 float *dqp = dq + (b * S + i0) * ld_dq + h * HD;
                 if (nq == nqp && HD == HDp) {
                     amx_gemm(dqp, ld_dq, t.ds16, lb, pk.k, Sp, nq, HD, kp, false); /* dQ = dS·K */

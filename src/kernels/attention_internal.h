@@ -17,11 +17,20 @@
 void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64_t kend, float scale,
                             float *lse_out, const float *lse_in, float *row_inv_sum);
 
-/* The forward form of attention_softmax_rows, with each row also rounded to bf16 into dst (row
- * stride ld_dst) while it is in L1: the P of a bf16 P·V product, without a second pass over the
- * strip. */
-void attention_softmax_rows_to_bf16(bf16_t *dst, int64_t ld_dst, float *strip, int64_t ld, int64_t i0, int64_t nq,
-                                    int64_t kend, float scale, float *lse_out, float *row_inv_sum);
+/* The forward form of attention_softmax_rows with the probabilities written to dst in bf16 (row
+ * stride ld_dst) as they are computed, the strip left as it is: the P of a bf16 P·V product,
+ * without writing an fp32 strip and reading it again. The same bits as rounding the fp32 form. */
+void attention_softmax_rows_to_bf16(bf16_t *dst, int64_t ld_dst, const float *strip, int64_t ld, int64_t i0,
+                                    int64_t nq, int64_t kend, float scale, float *lse_out, float *row_inv_sum);
+
+/* The backward's P and dS for keys [j0, j0 + n) of one query row (j0 a multiple of 16), into
+ * p[n] and ds[n]: p = exp(scale·scores − lse) below visible and 0 from it on, ds = scale·p·(dp −
+ * di). The same bits as attention_softmax_rows (lse_in) then attention_ds_row over the whole
+ * row; a chunk small enough for L1 lets the bf16 kernels round and pack P and dS from it
+ * without writing the fp32 strips and reading them again. */
+enum { PD_CHUNK = 256 }; /* keys per attention_p_ds_chunk call in the bf16 kernels: 4 KiB of P and dS */
+void attention_p_ds_chunk(float *p, float *ds, const float *scores, const float *dp, int64_t j0, int64_t n,
+                          int64_t visible, float scale, float lse, float di);
 
 /* rows[r, 0..HD) *= row_scale[r] for r < nq (row stride ld). */
 void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const float *row_scale);
@@ -38,6 +47,9 @@ void attention_ds_row(float *dp, const float *p, int64_t n, float scale, float d
  * and HDp columns (the AMX kernel's tile multiples; the library path passes rows and HD). */
 void attention_rows_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t ld, int64_t rows, int64_t rows_pad,
                             int64_t HD);
+
+/* Asks for the n floats from row into cache ahead of their use (no fault, no wait). */
+void attention_prefetch_row(const float *row, int64_t n);
 
 /* dst[S, HD] = src rows [S, HD] (row stride ld), packed. */
 void attention_copy_rows(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD);
