@@ -213,8 +213,10 @@ static double amx_gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, i
 /* The blocked AMX kernel behind gemm_bf16 on AMX CPUs, in all four transpose forms, with and
  * without accumulate, over shapes that take each of its paths: K not a multiple of 32 (A
  * packed, K zero-padded), K a multiple of 32 (A read in place), a row stride that is a multiple
- * of 2 KiB (A packed again), K deeper than one 1024-deep block (C carried across blocks), and C
- * too wide both ways for either operand to be packed whole (the GotoBLAS blocks). Products of
+ * of 2 KiB (A packed again), K deeper than one 1024-deep block (C carried across blocks), an
+ * operand packed whole over more than 512 rows (512-deep K slices on one thread, 1024-deep on
+ * two: the bits must still agree), and C too wide both ways for either operand to be packed
+ * whole (the GotoBLAS blocks). Products of
  * bf16 values are exact in fp32, so the error is fp32 summation over K terms, at worst K·2⁻²⁴
  * relative (and ~1e-6 in practice); each case must also give the same bits on one and two
  * threads, since threads only split C. */
@@ -226,7 +228,8 @@ static void test_amx_gemm_bf16_vs_naive(void **state) {
     }
     static const int64_t cases[][4] = {/* M, N, K, pad */
                                        {32, 32, 1, 3},     {64, 96, 300, 5},  {96, 64, 320, 5},
-                                       {64, 32, 2048, 0},  {32, 64, 2088, 7}, {1088, 1056, 40, 1}};
+                                       {64, 32, 2048, 0},  {32, 64, 2088, 7}, {1088, 1056, 40, 1},
+                                       {544, 544, 600, 1}};
     test_rng_t rng = {4};
     double worst = 0.0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)

@@ -68,9 +68,10 @@ static inline amx_a_tiles_t amx_a_packed(const bf16_t *Ap, int64_t Kp) {
 }
 
 /* C[M, N] (+)= A · B over K, B packed with K extent Bk (≥ K), C fp32 (row stride ldc); M, N, K
- * multiples of 32. The tiles must be configured (amx_configure_full_tiles) on this thread. */
+ * multiples of 32. The tiles must be configured (amx_configure_full_tiles) on this thread.
+ * stream_b: load B with the non-temporal hint, for a B read once per row block of A. */
 void amx_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M, int64_t N,
-                      int64_t K, bool accumulate);
+                      int64_t K, bool accumulate, bool stream_b);
 
 /* C[M, N] (+)= A[M, K] · B, A bf16 row-major (row stride lda elements), B packed with K
  * extent Bk (≥ K), C fp32 (row stride ldc). M, N, K are multiples of 32. Runs on the calling

@@ -6,25 +6,35 @@
 
 #include "kernels/amx.h"
 
-/* Block extents, for a core's 2 MiB L2. Per KC-deep slice of K, a thread reads a row-major A
- * in place (a_read_in_place) or packs the narrower operand of its part of C whole (up to FULL
- * rows or columns, 2 MiB) and the other MC rows or NC columns at a time; a tile product then
- * covers at most NC columns, whose B part (1 MiB) stays in L2 while its rows go by. KC = 1024
- * covers each linear's K of qwen3-0.6b in one pass but the output and down projections' (2048,
- * 3072), where C is loaded and stored again per slice. KC = 512 with FULL = 2048 measured
- * alike within the VM's noise. */
-enum { MC = 256, NC = 512, KC = 1024, FULL = 1024, BLK = (MC > NC ? MC : NC) * KC };
+/* Block extents, for a core's 2 MiB L2 and 48 KiB L1. Per slice of K (k_slice), a thread reads
+ * a row-major A in place (a_read_in_place) or packs the narrower operand of its part of C whole
+ * (up to FULL rows or columns) and the other MC rows or NC columns at a time; a tile product
+ * then covers at most NC columns, whose B part stays in L2 while its rows go by. */
+enum { MC = 256, NC = 512, KC = 1024, FULL = 1024, BLK = (MC > NC ? MC : NC) * KC, K_MAX = 8192 };
 
-/* K ≤ 8 KC: the LM head's input gradient (K = the vocabulary, 151936) ran at 0.72-0.98x MKL's
+/* K ≤ K_MAX: the LM head's input gradient (K = the vocabulary, 151936) ran at 0.72-0.98x MKL's
  * rate here, in four interleaved runs; every other qwen3-0.6b product ran faster. */
 bool amx_gemm_bf16_fits(int64_t M, int64_t N, int64_t K) {
-    return M > 0 && N > 0 && M % 32 == 0 && N % 32 == 0 && K <= 8 * KC;
+    return M > 0 && N > 0 && M % 32 == 0 && N % 32 == 0 && K <= K_MAX;
 }
 
 int64_t amx_gemm_workspace_elems(void) { return (int64_t)FULL * KC + BLK; }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* The K slice for a thread's part of C, mt × nt: 512 deep, so that a 32-row block of A (32 KiB)
+ * stays in L1 while B's tiles stream past it (amx_tile_product loads them with the
+ * non-temporal hint) and a whole-packed operand of 1024 rows (1 MiB) fits L2 beside a B block.
+ * At 1024 deep both missed: the A block (64 KiB) was read from L2 for every 32 columns, and
+ * qkv_proj's forward packed 2 MiB of A beside 1 MiB of B. Against the 1024-deep slices with
+ * plain loads, interleaved call by call on a step's worth of products (a scratch probe, 16
+ * rounds), each form ran 1.01-1.12x (round medians of the step-weighted total 1.05x; up to
+ * 1.4x in the rounds where the VM's AMX ran fast). The C block is loaded and stored once more
+ * per slice, which costs more than it saves where C is the traffic: the LM head's forward
+ * (C = 352 × 151936 logits) ran 0.92x at 512, so parts of C over 8 M elements keep KC. Slicing
+ * does not change a bit: C carries fp32 sums exactly from one slice to the next. */
+static int64_t k_slice(int64_t mt, int64_t nt) { return mt * nt > ((int64_t)8 << 20) ? KC : 512; }
 
 /* K rows [0, kw) and columns [0, nw) of op(B), packed with K extent amx_round32(kw). */
 static void pack_b(bf16_t *dst, bool trans, const bf16_t *B, int64_t ldb, int64_t nw, int64_t kw) {
@@ -52,8 +62,9 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
     const int64_t mstep = a_whole || a_direct ? mt : MC;
     bf16_t *Ap = a_whole ? full : blk, *Bp = a_whole ? blk : full;
     amx_configure_full_tiles();
-    for (int64_t kc = 0; kc < K; kc += KC) {
-        int64_t kw = min64(KC, K - kc), kwp = amx_round32(kw);
+    const int64_t kslice = k_slice(mt, nt);
+    for (int64_t kc = 0; kc < K; kc += kslice) {
+        int64_t kw = min64(kslice, K - kc), kwp = amx_round32(kw);
         bool load_c = accumulate || kc > 0;
         if (a_whole) amx_pack_a(Ap, trans_a, trans_a ? A + kc * lda + m_lo : A + m_lo * lda + kc, lda, mt, kw);
         if (b_whole) pack_b(Bp, trans_b, trans_b ? B + n_lo * ldb + kc : B + kc * ldb + n_lo, ldb, nt, kw);
@@ -64,7 +75,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
                 for (int64_t mc = m_lo; mc < m_hi; mc += MC) {
                     int64_t mw = min64(MC, m_hi - mc);
                     amx_pack_a(blk, trans_a, trans_a ? A + kc * lda + mc : A + mc * lda + kc, lda, mw, kw);
-                    amx_tile_product(C + mc * ldc + nc, ldc, amx_a_packed(blk, kwp), full, kwp, mw, nw, kwp, load_c);
+                    amx_tile_product(C + mc * ldc + nc, ldc, amx_a_packed(blk, kwp), full, kwp, mw, nw, kwp, load_c, true);
                 }
             }
             continue;
@@ -81,7 +92,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
                 int64_t nw = min64(NC, n_hi - nc);
                 if (!b_whole) pack_b(Bp, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw);
                 amx_tile_product(C + mc * ldc + nc, ldc, at, b_whole ? Bp + (nc - n_lo) / 16 * panel : Bp, kwp, mw, nw,
-                                 kwp, load_c);
+                                 kwp, load_c, true);
             }
         }
     }

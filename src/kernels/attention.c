@@ -108,10 +108,22 @@ static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64
         }
 }
 
+#if defined(__AVX512F__)
+static inline void store_bf16x16(bf16_t *dst, __m512 x) {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(x));
+#else
+    float tmp[16];
+    _mm512_storeu_ps(tmp, x);
+    bf16_from_f32_block(dst, tmp, 16);
+#endif
+}
+#endif
+
 /* One row of attention_softmax_rows: lse_out set computes the shift from the row's maximum and
  * returns 1/Σ through *inv_sum and the lse through *lse_out; otherwise the shift is lse_in.
- * With dst16 the probabilities go to dst16 in bf16 (the row itself is left as it was) instead
- * of back into the row: the P of a bf16 P·V product, without a pass that rereads an fp32 strip. */
+ * With dst16 the probabilities go to dst16 in bf16 instead of back into the row, which is then
+ * only read: the P of a bf16 P·V product, without a pass that rereads an fp32 strip. */
 static void softmax_row(float *row, bf16_t *dst16, int64_t visible, int64_t kend, float scale, float *lse_out,
                         float lse_in, float *inv_sum) {
     float shift;
@@ -135,18 +147,11 @@ static void softmax_row(float *row, bf16_t *dst16, int64_t visible, int64_t kend
     __m512 acc = _mm512_setzero_ps();
     for (; j + 16 <= visible; j += 16) {
         __m512 e = exp512_ps(_mm512_fmsub_ps(_mm512_loadu_ps(row + j), sc, sh));
-#if defined(__AVX512BF16__)
-        if (dst16) _mm256_storeu_si256((__m256i *)(dst16 + j), (__m256i)_mm512_cvtneps_pbh(e));
+        if (dst16) store_bf16x16(dst16 + j, e);
         else _mm512_storeu_ps(row + j, e);
-#else
-        _mm512_storeu_ps(row + j, e);
-#endif
         acc = _mm512_add_ps(acc, e);
     }
     sum = _mm512_reduce_add_ps(acc);
-#if !defined(__AVX512BF16__)
-    if (dst16) bf16_from_f32_block(dst16, row, j);
-#endif
 #endif
     for (; j < visible; j++) {
         float e = expf(row[j] * scale - shift);
