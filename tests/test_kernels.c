@@ -213,10 +213,9 @@ static double amx_gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, i
 /* The blocked AMX kernel behind gemm_bf16 on AMX CPUs, in all four transpose forms, with and
  * without accumulate, over shapes that take each of its paths: K not a multiple of 32 (A
  * packed, K zero-padded), K a multiple of 32 (A read in place), a row stride that is a multiple
- * of 2 KiB (A packed again), K deeper than one 1024-deep block (C carried across blocks), an
- * operand packed whole over more than 512 rows (512-deep K slices on one thread, 1024-deep on
- * two: the bits must still agree), and C too wide both ways for either operand to be packed
- * whole (the GotoBLAS blocks). Products of
+ * of 2 KiB (A packed again), K deeper than one 512-deep slice (C carried across slices), an
+ * operand packed whole over more than 512 rows (544 × 600: 557 KiB a slice), and C too wide
+ * both ways for either operand to be packed whole (the GotoBLAS blocks). Products of
  * bf16 values are exact in fp32, so the error is fp32 summation over K terms, at worst K·2⁻²⁴
  * relative (and ~1e-6 in practice); each case must also give the same bits on one and two
  * threads, since threads only split C. */
