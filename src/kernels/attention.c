@@ -31,7 +31,7 @@ static int64_t panel_floats(const attn_shape_t *a) {
 }
 static int64_t stack_rows(const attn_shape_t *a) { return a->H / a->KV * ATTN_QBLOCK; }
 static int64_t per_thread_floats(const attn_shape_t *a) {
-    return 2 * stack_rows(a) * strided_s(a->S) + 3 * stack_rows(a) * a->HD;
+    return 2 * stack_rows(a) * strided_s(a->S) + 3 * stack_rows(a) * a->HD + 2 * a->S * a->HD;
 }
 
 int64_t attention_scratch_floats(const attn_shape_t *a, int num_threads) {
@@ -311,11 +311,10 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
         int64_t max_rows = stack_rows(a);
         float *p = strips_of(scratch, a), *dp = p + max_rows * ls;
         float *q_stack = dp + max_rows * ls, *do_stack = q_stack + max_rows * HD, *dq_stack = do_stack + max_rows * HD;
-        float *dkp = dk + b * S * ld_dk + kvh * HD, *dvp = dv + b * S * ld_dv + kvh * HD;
-        for (int64_t s = 0; s < S; s++) {
-            memset(dkp + s * ld_dk, 0, (size_t)HD * sizeof(float));
-            memset(dvp + s * ld_dv, 0, (size_t)HD * sizeof(float));
-        }
+        /* dK and dV accumulate in contiguous [S, HD] rows, copied out at the end: in place their
+         * rows sit a fused row apart (16 KiB), and every block product read and wrote C there. */
+        float *dkp = dq_stack + max_rows * HD, *dvp = dkp + S * HD;
+        memset(dkp, 0, (size_t)(2 * S * HD) * sizeof(float));
         const float *kp = kc_of(scratch, a, b, kvh), *vp = v_of(scratch, a, b, kvh), *ktp = kt_of(scratch, a, b, kvh);
         for (int64_t qb = 0; qb < qblocks; qb++) {
             int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK;
@@ -338,8 +337,12 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
             /* dQ = dS·K, dK += dSᵀ·Q, dV += Pᵀ·dO */
             block_nn(g, rows, HD, kend, S, dp, ls, kp, dq_stack, HD);
             unstack_heads(dq, ld_dq, dq_stack, b * S + i0, h0, group, nq, HD);
-            block_tn_acc(g, kend, HD, rows, dp, ls, q_stack, dkp, ld_dk);
-            block_tn_acc(g, kend, HD, rows, p, ls, do_stack, dvp, ld_dv);
+            block_tn_acc(g, kend, HD, rows, dp, ls, q_stack, dkp, HD);
+            block_tn_acc(g, kend, HD, rows, p, ls, do_stack, dvp, HD);
+        }
+        for (int64_t s = 0; s < S; s++) {
+            memcpy(dk + (b * S + s) * ld_dk + kvh * HD, dkp + s * HD, (size_t)HD * sizeof(float));
+            memcpy(dv + (b * S + s) * ld_dv + kvh * HD, dvp + s * HD, (size_t)HD * sizeof(float));
         }
     }
 }
