@@ -638,22 +638,38 @@ static void test_forward_bf16_outputs(void **state) {
             if (out16[e] != bf16_from_f32(out[e])) fail_msg("rmsnorm_forward_bf16 T=%ld N=%ld: element %ld", (long)T, (long)N, (long)e);
         free(inp), free(w), free(out), free(rstd), free(rstd16), free(out16);
     }
-    const int64_t T = 3, F = 1100; /* two full 512-column tiles and a ragged one */
+    /* SwiGLU's outputs go to rows wider than they are (the model pads a matmul input's row
+     * stride off 2 KiB multiples): every element as rounding the fp32 form, the padding left. */
+    const int64_t T = 3, F = 1100, ldh = F + 32, ldg = 2 * F + 32; /* two full 512-column tiles and a ragged one */
+    const bf16_t PAD = 0x7fc1;
     float *gate_up = falloc((size_t)(T * 2 * F)), *h = falloc((size_t)(T * F));
-    bf16_t *h16 = malloc((size_t)(T * F) * sizeof(bf16_t));
+    bf16_t *h16 = malloc((size_t)(T * ldh) * sizeof(bf16_t));
+    for (int64_t e = 0; e < T * ldh; e++) h16[e] = PAD;
     fill_uniform(gate_up, (size_t)(T * 2 * F), &rng, -6.0f, 6.0f);
     swiglu_forward(h, gate_up, T, F);
-    swiglu_forward_bf16(h16, gate_up, T, F);
-    for (int64_t e = 0; e < T * F; e++)
-        if (h16[e] != bf16_from_f32(h[e])) fail_msg("swiglu_forward_bf16: element %ld", (long)e);
+    swiglu_forward_bf16(h16, ldh, gate_up, T, F);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < ldh; j++)
+            if (h16[t * ldh + j] != (j < F ? bf16_from_f32(h[t * F + j]) : PAD))
+                fail_msg("swiglu_forward_bf16: row %ld column %ld", (long)t, (long)j);
     /* and the backward's bf16 dgate_up, from the same dh */
     float *dgu = falloc((size_t)(T * 2 * F));
-    bf16_t *dgu16 = malloc((size_t)(T * 2 * F) * sizeof(bf16_t));
+    bf16_t *dgu16 = malloc((size_t)(T * ldg) * sizeof(bf16_t));
+    for (int64_t e = 0; e < T * ldg; e++) dgu16[e] = PAD;
     fill_uniform(h, (size_t)(T * F), &rng, -1.0f, 1.0f);
     swiglu_backward(dgu, h, gate_up, T, F);
-    swiglu_backward_bf16(dgu16, h, gate_up, T, F);
-    for (int64_t e = 0; e < T * 2 * F; e++)
-        if (dgu16[e] != bf16_from_f32(dgu[e])) fail_msg("swiglu_backward_bf16: element %ld", (long)e);
+    swiglu_backward_bf16(dgu16, ldg, h, gate_up, T, F);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < ldg; j++)
+            if (dgu16[t * ldg + j] != (j < 2 * F ? bf16_from_f32(dgu[t * 2 * F + j]) : PAD))
+                fail_msg("swiglu_backward_bf16: row %ld column %ld", (long)t, (long)j);
+    /* the plain rounding into such rows */
+    for (int64_t e = 0; e < T * ldg; e++) dgu16[e] = PAD;
+    bf16_from_f32_rows(dgu16, ldg, dgu, T, 2 * F);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < ldg; j++)
+            if (dgu16[t * ldg + j] != (j < 2 * F ? bf16_from_f32(dgu[t * 2 * F + j]) : PAD))
+                fail_msg("bf16_from_f32_rows: row %ld column %ld", (long)t, (long)j);
     free(gate_up), free(h), free(h16), free(dgu), free(dgu16);
 }
 

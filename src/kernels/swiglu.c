@@ -40,7 +40,7 @@ void swiglu_forward(float *h, const float *gate_up, int64_t T, int64_t F) {
     }
 }
 
-void swiglu_forward_bf16(bf16_t *h, const float *gate_up, int64_t T, int64_t F) {
+void swiglu_forward_bf16(bf16_t *h, int64_t ld_h, const float *gate_up, int64_t T, int64_t F) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
         const float *g = gate_up + t * 2 * F, *u = g + F;
@@ -48,7 +48,7 @@ void swiglu_forward_bf16(bf16_t *h, const float *gate_up, int64_t T, int64_t F) 
             int64_t n = F - j0 < SWIGLU_TILE ? F - j0 : SWIGLU_TILE;
             float y[SWIGLU_TILE];
             swiglu_tile(y, g + j0, u + j0, n);
-            bf16_from_f32_block(h + t * F + j0, y, n);
+            bf16_from_f32_block(h + t * ld_h + j0, y, n);
         }
     }
 }
@@ -77,7 +77,8 @@ void swiglu_backward(float *dgate_up, const float *dh, const float *gate_up, int
     }
 }
 
-void swiglu_backward_bf16(bf16_t *dgate_up, const float *dh, const float *gate_up, int64_t T, int64_t F) {
+void swiglu_backward_bf16(bf16_t *dgate_up, int64_t ld_dgate_up, const float *dh, const float *gate_up, int64_t T,
+                          int64_t F) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
         const float *g = gate_up + t * 2 * F, *u = g + F, *dy = dh + t * F;
@@ -85,8 +86,8 @@ void swiglu_backward_bf16(bf16_t *dgate_up, const float *dh, const float *gate_u
             int64_t n = F - j0 < SWIGLU_TILE ? F - j0 : SWIGLU_TILE;
             float dg[SWIGLU_TILE], du[SWIGLU_TILE];
             swiglu_backward_tile(dg, du, g + j0, u + j0, dy + j0, n);
-            bf16_from_f32_block(dgate_up + t * 2 * F + j0, dg, n);
-            bf16_from_f32_block(dgate_up + t * 2 * F + F + j0, du, n);
+            bf16_from_f32_block(dgate_up + t * ld_dgate_up + j0, dg, n);
+            bf16_from_f32_block(dgate_up + t * ld_dgate_up + F + j0, du, n);
         }
     }
 }

@@ -109,13 +109,20 @@ static int64_t transpose_scratch_floats(const qwen3_dims_t *d, bool bf16) {
     return !bf16 && wide_layer(d->D, d->F) ? T * d->D + T * d->F + d->F * d->D : 0;
 }
 
+/* Row stride of a bf16 matmul input with `cols` columns in s.in16 or s.dy16 where our AMX GEMM
+ * runs the products (pad): off multiples of 2 KiB, so that it reads A's tiles in place instead
+ * of packing them (amx_gemm.c: a_read_in_place; at 2 KiB multiples a 32-row block's lines
+ * crowd two L1 sets). Every qwen3 width is such a multiple; 64 bytes of padding ran the
+ * forward products 1.02-1.04x (interleaved probe) and leave neither thread an A to pack. The
+ * libraries keep dense rows: oneDNN's sums come out in another order at a padded stride. */
+static int64_t ld16_for(bool pad, int64_t cols) { return pad && cols % 1024 == 0 ? cols + 32 : cols; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
 /* Floats that hold the bf16 conversion buffers: the largest x and dy any matmul takes. */
 static void bf16_scratch_sizes(const qwen3_dims_t *d, int64_t chunk, int64_t *in16, int64_t *dy16) {
     int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, HHD = d->H * d->HD;
-    int64_t x_cols = d->D > HHD ? d->D : HHD;
-    if (d->F > x_cols) x_cols = d->F;
-    int64_t dy_cols = QKV > 2 * d->F ? QKV : 2 * d->F;
-    if (d->D > dy_cols) dy_cols = d->D;
+    int64_t x_cols = max64(ld16_for(true, d->D), max64(ld16_for(true, HHD), ld16_for(true, d->F)));
+    int64_t dy_cols = max64(ld16_for(true, QKV), max64(ld16_for(true, 2 * d->F), ld16_for(true, d->D)));
     int64_t in = T * x_cols, dy = T * dy_cols;
     if (chunk * d->V > dy) dy = chunk * d->V;
     *in16 = (in + 1) / 2;
@@ -186,6 +193,7 @@ struct qwen3_model {
     qwen3_params_t w, dw;
     const float *params;     /* base of w, to find a weight's bf16 copy at the same offset */
     const bf16_t *params16;  /* bf16 runs: bf16(params), kept current by the optimizer */
+    bool pad16;              /* bf16 inputs' rows padded off 2 KiB multiples (ld16_for) */
     float *stream;        /* [L+1, T, D]: the input of every layer, then the final residual */
     float *acts_base;
     layer_acts_t *acts;   /* [L], or [1] under full remat */
@@ -277,6 +285,7 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     m->trace = opt->trace;
     m->params = params;
     m->params16 = params_bf16;
+    m->pad16 = gemm_bf16_tiles(gemm);
     if (opt->bf16 && !params_bf16) {
         snprintf(err, errlen, "internal error: a bf16 model needs its bf16 weight copy");
         qwen3_destroy(m);
@@ -336,25 +345,31 @@ const char *qwen3_attention_blocks(const qwen3_model_t *m) {
 /* ---- linear layers: y = x·Wᵀ with W [out, in] ---- */
 static double linear_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * (double)M * (double)N * (double)K; }
 
+static int64_t ld16(const qwen3_model_t *m, int64_t cols) { return ld16_for(m->pad16, cols); }
 static const bf16_t *weight16(const qwen3_model_t *m, const float *w) { return m->params16 + (w - m->params); }
 
 static void to_bf16(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t n) {
     SPAN(m, m->names.fwd[OP_TO_BF16], 0, bf16_from_f32_array(dst, src, n));
 }
 
-/* bf16 runs: y (= or +=) x·Wᵀ with x already in s.in16 (bf16 [T, in]), written there by its
+/* src [T, cols] into bf16 rows ld16(m, cols) apart: a matmul input in s.in16 or s.dy16. */
+static void to_bf16_rows(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t T, int64_t cols) {
+    SPAN(m, m->names.fwd[OP_TO_BF16], 0, bf16_from_f32_rows(dst, ld16(m, cols), src, T, cols));
+}
+
+/* bf16 runs: y (= or +=) x·Wᵀ with x already in s.in16 (bf16 [T, in], rows ld16(m, in) apart), written there by its
  * producer (layer_norm_for_matmul, swiglu_for_matmul) or by to_bf16. */
 static void linear_fwd_in16(qwen3_model_t *m, int op, float *y, const float *W, int64_t T, int64_t out, int64_t in,
                             bool accumulate) {
     SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
-         gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, in, weight16(m, W), in, y, out, accumulate));
+         gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, ld16(m, in), weight16(m, W), in, y, out, accumulate));
 }
 
 /* y[T, out] (= or +=) x[T, in] · W[out, in]ᵀ */
 static void linear_fwd(qwen3_model_t *m, int op, float *y, const float *x, const float *W,
                        int64_t T, int64_t out, int64_t in, bool accumulate) {
     if (m->opt.bf16) {
-        to_bf16(m, m->s.in16, x, T * in);
+        to_bf16_rows(m, m->s.in16, x, T, in);
         linear_fwd_in16(m, op, y, W, T, out, in, accumulate);
         return;
     }
@@ -366,15 +381,15 @@ static void linear_fwd(qwen3_model_t *m, int op, float *y, const float *x, const
 static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, float *dW, const float *W, int64_t T, int64_t out,
                           int64_t in) {
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
-         gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, out, m->s.in16, in, dW, in, true));
+         gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16, ld16(m, in), dW, in, true));
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
-         gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, out, weight16(m, W), in, dx, in, false));
+         gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, ld16(m, out), weight16(m, W), in, dx, in, false));
 }
 
 /* bf16 runs: linear_bwd with x already in s.in16. */
 static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, const float *W, int64_t T,
                             int64_t out, int64_t in) {
-    to_bf16(m, m->s.dy16, dy, T * out);
+    to_bf16_rows(m, m->s.dy16, dy, T, out);
     linear_bwd_16(m, op, dx, dW, W, T, out, in);
 }
 
@@ -382,7 +397,7 @@ static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, float *dW, cons
 static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy,
                        const float *x, const float *W, int64_t T, int64_t out, int64_t in) {
     if (m->opt.bf16) {
-        to_bf16(m, m->s.in16, x, T * in);
+        to_bf16_rows(m, m->s.in16, x, T, in);
         linear_bwd_in16(m, op, dx, dW, dy, W, T, out, in);
         return;
     }
@@ -411,7 +426,7 @@ static void layer_norm_for_matmul(qwen3_model_t *m, int op, float *rstd, const f
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S;
     if (m->opt.bf16)
-        SPAN(m, m->names.fwd[op], 0, rmsnorm_forward_bf16(m->s.in16, d->D, rstd, x, d->D, w, T, 1, d->D, (float)d->eps));
+        SPAN(m, m->names.fwd[op], 0, rmsnorm_forward_bf16(m->s.in16, ld16(m, d->D), rstd, x, d->D, w, T, 1, d->D, (float)d->eps));
     else
         SPAN(m, m->names.fwd[op], 0, rmsnorm_forward(m->s.ln, d->D, rstd, x, d->D, w, T, 1, d->D, (float)d->eps));
 }
@@ -420,7 +435,7 @@ static void layer_norm_for_matmul(qwen3_model_t *m, int op, float *rstd, const f
 static void swiglu_for_matmul(qwen3_model_t *m, const float *gate_up) {
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S;
-    if (m->opt.bf16) SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward_bf16(m->s.in16, gate_up, T, d->F));
+    if (m->opt.bf16) SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward_bf16(m->s.in16, ld16(m, d->F), gate_up, T, d->F));
     else SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(m->s.h, gate_up, T, d->F));
 }
 
@@ -510,7 +525,7 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     swiglu_for_matmul(m, a->gate_up);
     linear_bwd_produced(m, OP_DOWN, s->h, dw->down_proj, s->dres, s->h, w->down_proj, T, d->D, d->F);
     if (m->opt.bf16) /* dgate_up goes straight to the products' bf16 dy */
-        SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward_bf16(s->dy16, s->h, a->gate_up, T, d->F));
+        SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward_bf16(s->dy16, ld16(m, 2 * d->F), s->h, a->gate_up, T, d->F));
     else
         SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward(s->dgate_up, s->h, a->gate_up, T, d->F));
     layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
@@ -561,10 +576,10 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
             s->targets[i] = m->tokens[(t / d->S) * (d->S + 1) + t % d->S + 1];
         }
         const float *h = s->ln + t0 * d->D;
-        const bf16_t *h16 = s->in16 + t0 * d->D;
+        const bf16_t *h16 = s->in16 + t0 * ld16(m, d->D);
         if (m->opt.bf16) {
             SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
-                 gemm_bf16(m->gemm, false, true, n, d->V, d->D, h16, d->D, weight16(m, m->w.lm_head), d->D, s->logits, d->V, false));
+                 gemm_bf16(m->gemm, false, true, n, d->V, d->D, h16, ld16(m, d->D), weight16(m, m->w.lm_head), d->D, s->logits, d->V, false));
         } else {
             SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
                  gemm_f32(m->gemm, false, true, n, d->V, d->D, h, d->D, m->w.lm_head, d->D, s->logits, d->V, false));
@@ -576,7 +591,7 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
         if (m->opt.bf16) {
             to_bf16(m, s->dy16, s->logits, n * d->V);
             SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
-                 gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, d->D, m->dw.lm_head, d->D, true));
+                 gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, ld16(m, d->D), m->dw.lm_head, d->D, true));
             SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
                  gemm_bf16(m->gemm, false, false, n, d->D, d->V, s->dy16, d->V, weight16(m, m->w.lm_head), d->D, s->dln + t0 * d->D, d->D, false));
             continue;
