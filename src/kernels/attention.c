@@ -120,26 +120,21 @@ static inline void store_bf16x16(bf16_t *dst, __m512 x) {
 }
 #endif
 
-/* One row of attention_softmax_rows: lse_out set computes the shift from the row's maximum and
- * returns 1/Σ through *inv_sum and the lse through *lse_out; otherwise the shift is lse_in.
- * With dst16 the probabilities go to dst16 in bf16 instead of back into the row, which is then
- * only read: the P of a bf16 P·V product, without a pass that rereads an fp32 strip. */
+/* One row of attention_softmax_rows: the shift is the row's maximum; returns 1/Σ through
+ * *inv_sum and the lse through *lse_out. With dst16 the probabilities go to dst16 in bf16
+ * instead of back into the row, which is then only read: the P of a bf16 P·V product, without a
+ * pass that rereads an fp32 strip. */
 static void softmax_row(float *row, bf16_t *dst16, int64_t visible, int64_t kend, float scale, float *lse_out,
-                        float lse_in, float *inv_sum) {
-    float shift;
+                        float *inv_sum) {
     int64_t j = 0;
-    if (lse_out) {
-        float m = -FLT_MAX;
+    float m = -FLT_MAX;
 #if defined(__AVX512F__)
-        __m512 vm = _mm512_set1_ps(-FLT_MAX);
-        for (; j + 16 <= visible; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(row + j));
-        m = _mm512_reduce_max_ps(vm);
+    __m512 vm = _mm512_set1_ps(-FLT_MAX);
+    for (; j + 16 <= visible; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(row + j));
+    m = _mm512_reduce_max_ps(vm);
 #endif
-        for (; j < visible; j++) m = row[j] > m ? row[j] : m;
-        shift = m * scale;
-    } else {
-        shift = lse_in;
-    }
+    for (; j < visible; j++) m = row[j] > m ? row[j] : m;
+    const float shift = m * scale;
     double sum = 0.0;
     j = 0;
 #if defined(__AVX512F__)
@@ -163,38 +158,35 @@ static void softmax_row(float *row, bf16_t *dst16, int64_t visible, int64_t kend
         if (dst16) memset(dst16 + visible, 0, (size_t)(kend - visible) * sizeof(bf16_t));
         else memset(row + visible, 0, (size_t)(kend - visible) * sizeof(float));
     }
-    if (lse_out) {
-        *lse_out = shift + (float)log(sum);
-        *inv_sum = (float)(1.0 / sum);
-    }
+    *lse_out = shift + (float)log(sum);
+    *inv_sum = (float)(1.0 / sum);
 }
 
 void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64_t kend, float scale,
-                            float *lse_out, const float *lse_in, float *row_inv_sum) {
+                            float *lse_out, float *row_inv_sum) {
     for (int64_t r = 0; r < nq; r++)
-        softmax_row(strip + r * ld, NULL, i0 + r + 1, kend, scale, lse_out ? lse_out + i0 + r : NULL,
-                    lse_out ? 0.0f : lse_in[i0 + r], lse_out ? row_inv_sum + r : NULL);
+        softmax_row(strip + r * ld, NULL, i0 + r + 1, kend, scale, lse_out + i0 + r, row_inv_sum + r);
 }
 
 void attention_softmax_rows_to_bf16(bf16_t *dst, int64_t ld_dst, const float *strip, int64_t ld, int64_t i0,
                                     int64_t nq, int64_t kend, float scale, float *lse_out, float *row_inv_sum) {
     for (int64_t r = 0; r < nq; r++)
-        softmax_row((float *)(strip + r * ld), dst + r * ld_dst, i0 + r + 1, kend, scale, lse_out + i0 + r, 0.0f,
+        softmax_row((float *)(strip + r * ld), dst + r * ld_dst, i0 + r + 1, kend, scale, lse_out + i0 + r,
                     row_inv_sum + r);
 }
 
 void attention_p_ds_chunk(float *p, float *ds, const float *scores, const float *dp, int64_t j0, int64_t n,
-                          int64_t visible, float scale, float lse, float di) {
+                          int64_t visible, float score_scale, float lse, float ds_scale, float di) {
     const int64_t j1 = j0 + n, vis = visible < j1 ? visible : j1;
     int64_t j = j0;
 #if defined(__AVX512F__)
-    const __m512 sh = _mm512_set1_ps(lse), sc = _mm512_set1_ps(scale);
+    const __m512 sh = _mm512_set1_ps(lse), sc = _mm512_set1_ps(score_scale);
     for (; j + 16 <= vis; j += 16) _mm512_storeu_ps(p + j - j0, exp512_ps(_mm512_fmsub_ps(_mm512_loadu_ps(scores + j), sc, sh)));
 #endif
-    for (; j < vis; j++) p[j - j0] = expf(scores[j] * scale - lse);
+    for (; j < vis; j++) p[j - j0] = expf(scores[j] * score_scale - lse);
     for (; j < j1; j++) p[j - j0] = 0.0f;
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) ds[i] = scale * p[i] * (dp[j0 + i] - di);
+    for (int64_t i = 0; i < n; i++) ds[i] = ds_scale * p[i] * (dp[j0 + i] - di);
 }
 
 float attention_row_dot(const float *a, const float *b, int64_t n) {
@@ -209,11 +201,6 @@ float attention_row_dot(const float *a, const float *b, int64_t n) {
 #endif
     for (; i < n; i++) sum += a[i] * b[i];
     return sum;
-}
-
-void attention_ds_row(float *dp, const float *p, int64_t n, float scale, float di) {
-#pragma omp simd
-    for (int64_t j = 0; j < n; j++) dp[j] = scale * p[j] * (dp[j] - di);
 }
 
 void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const float *row_scale) {
@@ -285,7 +272,7 @@ void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, i
         float *inv_sum = strip + stack_rows(a) * ls; /* the second strip is free in forward */
         for (int64_t gi = 0; gi < group; gi++) /* per head: its own lse row, the same causal mask */
             attention_softmax_rows(strip + gi * nq * ls, ls, i0, nq, kend, g ? scale : 1.0f,
-                                   lse + (b * H + h0 + gi) * S, NULL, inv_sum + gi * nq);
+                                   lse + (b * H + h0 + gi) * S, inv_sum + gi * nq);
         block_nn(g, rows, HD, kend, S, strip, ls, v_of(scratch, a, b, kvh), o_stack, HD);
         attention_scale_rows(o_stack, HD, rows, HD, inv_sum);
         unstack_heads(out, ld_out, o_stack, b * S + i0, h0, group, nq, HD);
@@ -321,18 +308,17 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
             int64_t kend = i0 + nq, rows = group * nq;
             stack_heads(q_stack, q, ld_q, b * S + i0, h0, group, nq, HD);
             stack_heads(do_stack, dout, ld_dout, b * S + i0, h0, group, nq, HD);
-            /* P (recomputed) and dP = dO·Vᵀ */
+            /* Scores and dP = dO·Vᵀ, then row by row, in place, P (recomputed from the lse) and
+             * dS = P∘(dP − Σ dO·O), times the score scale here so the products below need no
+             * alpha (the micro-GEMM's scores already carry it). */
             block_nt(g, rows, kend, HD, scale, q_stack, HD, kp, ktp, p, ls);
-            for (int64_t gi = 0; gi < group; gi++)
-                attention_softmax_rows(p + gi * nq * ls, ls, i0, nq, kend, g ? scale : 1.0f, NULL,
-                                       lse + (b * H + h0 + gi) * S, NULL);
             block_nt(g, rows, kend, HD, 1.0f, do_stack, HD, vp, vp, dp, ls); /* V rows or Vᵀ panels */
-            /* dS = P∘(dP − Σ dO·O), times the score scale here so the products below need no
-             * alpha. */
             for (int64_t r = 0; r < rows; r++) {
-                const float *orow = out + (b * S + i0 + r % nq) * ld_out + (h0 + r / nq) * HD;
+                int64_t gi = r / nq, ri = r % nq;
+                const float *orow = out + (b * S + i0 + ri) * ld_out + (h0 + gi) * HD;
                 float di = attention_row_dot(do_stack + r * HD, orow, HD);
-                attention_ds_row(dp + r * ls, p + r * ls, kend, scale, di);
+                attention_p_ds_chunk(p + r * ls, dp + r * ls, p + r * ls, dp + r * ls, 0, kend, i0 + ri + 1,
+                                     g ? scale : 1.0f, lse[(b * H + h0 + gi) * S + i0 + ri], scale, di);
             }
             /* dQ = dS·K, dK += dSᵀ·Q, dV += Pᵀ·dO */
             block_nn(g, rows, HD, kend, S, dp, ls, kp, dq_stack, HD);

@@ -125,7 +125,7 @@ static void p_ds_and_pack(const amx_bufs_t *t, int64_t lf, int64_t lb, int64_t i
             for (int i = 0; i < 2; i++) {
                 const int64_t row = r + i;
                 attention_p_ds_chunk(p[i], ds[i], t->p + row * lf, t->dp + row * lf, j0, n, row < nq ? i0 + row + 1 : 0,
-                                     scale, row < nq ? row_lse[i0 + row] : 0.0f, di[row]);
+                                     scale, row < nq ? row_lse[i0 + row] : 0.0f, scale, di[row]);
                 bf16_from_f32_block(t->ds16 + row * lb + j0, ds[i], n);
             }
             const int64_t panels = j0 / 16 * (nqp / 2) * 32;

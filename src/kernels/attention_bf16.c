@@ -60,7 +60,8 @@ static bf16_t *v16_of(float *scratch, const attn_shape_t *a, int64_t b, int64_t 
     return (bf16_t *)scratch + a->B * a->KV * a->S * a->HD + (b * a->KV + kvh) * a->S * a->HD;
 }
 
-void attention_prefetch_row(const float *row, int64_t n) {
+/* Asks for the n floats from row into cache ahead of their use (no fault, no wait). */
+static void prefetch_row(const float *row, int64_t n) {
     for (int64_t i = 0; i < n; i += 64 / (int64_t)sizeof(float)) __builtin_prefetch(row + i, 0, 3);
 }
 
@@ -72,7 +73,7 @@ void attention_rows_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t 
      * ahead keeps several in flight. */
     enum { AHEAD = 8 };
     for (int64_t r = 0; r < rows_pad; r++) {
-        if (r + AHEAD < rows) attention_prefetch_row(src + (r + AHEAD) * ld, HD);
+        if (r + AHEAD < rows) prefetch_row(src + (r + AHEAD) * ld, HD);
         if (r < rows) {
             bf16_from_f32_block(dst + r * HDp, src + r * ld, HD);
             memset(dst + r * HDp + HD, 0, (size_t)(HDp - HD) * sizeof(bf16_t));
@@ -173,7 +174,7 @@ void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk,
                     for (int64_t j0 = 0; j0 < kend; j0 += PD_CHUNK) {
                         int64_t n = kend - j0 < PD_CHUNK ? kend - j0 : PD_CHUNK;
                         attention_p_ds_chunk(p, ds, t.p + r * S, t.dp + r * S, j0, n, i0 + r + 1, scale,
-                                             row_lse[i0 + r], di);
+                                             row_lse[i0 + r], scale, di);
                         bf16_from_f32_block(t.p16 + r * S + j0, p, n);
                         bf16_from_f32_block(t.ds16 + r * S + j0, ds, n);
                     }

@@ -8,14 +8,12 @@
 #include "kernels/attention.h"
 #include "kernels/bf16.h"
 
-/* Row r of strip [nq, ld] holds raw scores for query i = i0 + r against keys [0, kend); the
- * masked rest (keys past i) is zeroed.
- * Backward (lse_in): the visible part becomes the probabilities exp(scale·s − lse).
- * Forward (lse_out, row_inv_sum): lse (in scaled units) is computed and the rows are left
- * unnormalised, exp(scale·s − max), with 1/Σ in row_inv_sum[r]: the caller scales the
- * [nq, HD] output rows instead of the [nq, kend] probabilities (attention_scale_rows). */
+/* The forward's softmax. Row r of strip [nq, ld] holds raw scores for query i = i0 + r against
+ * keys [0, kend); the masked rest (keys past i) is zeroed. lse (in scaled units) is computed and
+ * the rows are left unnormalised, exp(scale·s − max), with 1/Σ in row_inv_sum[r]: the caller
+ * scales the [nq, HD] output rows instead of the [nq, kend] probabilities (attention_scale_rows). */
 void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64_t kend, float scale,
-                            float *lse_out, const float *lse_in, float *row_inv_sum);
+                            float *lse_out, float *row_inv_sum);
 
 /* The forward form of attention_softmax_rows with the probabilities written to dst in bf16 (row
  * stride ld_dst) as they are computed, the strip left as it is: the P of a bf16 P·V product,
@@ -23,14 +21,15 @@ void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, in
 void attention_softmax_rows_to_bf16(bf16_t *dst, int64_t ld_dst, const float *strip, int64_t ld, int64_t i0,
                                     int64_t nq, int64_t kend, float scale, float *lse_out, float *row_inv_sum);
 
-/* The backward's P and dS for keys [j0, j0 + n) of one query row (j0 a multiple of 16), into
- * p[n] and ds[n]: p = exp(scale·scores − lse) below visible and 0 from it on, ds = scale·p·(dp −
- * di). The same bits as attention_softmax_rows (lse_in) then attention_ds_row over the whole
- * row; a chunk small enough for L1 lets the bf16 kernels round and pack P and dS from it
- * without writing the fp32 strips and reading them again. */
+/* The backward's P and dS, for every kernel, for keys [j0, j0 + n) of one query row (j0 a
+ * multiple of 16), into p[n] and ds[n]: p = exp(score_scale·scores − lse) below visible and 0
+ * from it on, ds = ds_scale·p·(dp − di) (the softmax's 1/sqrt(HD) folded in for the dQ and dK
+ * products). In place is allowed (p = scores + j0, ds = dp + j0): the fp32 kernel passes whole
+ * rows of its strips; the bf16 kernels take PD_CHUNK keys at a time through L1 and round and
+ * pack P and dS from there, without writing fp32 strips and reading them again. */
 enum { PD_CHUNK = 256 }; /* keys per attention_p_ds_chunk call in the bf16 kernels: 4 KiB of P and dS */
 void attention_p_ds_chunk(float *p, float *ds, const float *scores, const float *dp, int64_t j0, int64_t n,
-                          int64_t visible, float scale, float lse, float di);
+                          int64_t visible, float score_scale, float lse, float ds_scale, float di);
 
 /* rows[r, 0..HD) *= row_scale[r] for r < nq (row stride ld). */
 void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const float *row_scale);
@@ -39,17 +38,10 @@ void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const
  * backward's Di = Σ dO·O for one query row. */
 float attention_row_dot(const float *a, const float *b, int64_t n);
 
-/* dS for one row: dp[j] = scale · p[j] · (dp[j] − di) for j < n (dP becomes dS in place; the
- * softmax's 1/sqrt(HD) is folded in for the dQ and dK products). */
-void attention_ds_row(float *dp, const float *p, int64_t n, float scale, float di);
-
 /* dst[rows_pad, HDp] = bf16(src rows [rows, HD], row stride ld), zero-padded to rows_pad rows
  * and HDp columns (the AMX kernel's tile multiples; the library path passes rows and HD). */
 void attention_rows_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t ld, int64_t rows, int64_t rows_pad,
                             int64_t HD);
-
-/* Asks for the n floats from row into cache ahead of their use (no fault, no wait). */
-void attention_prefetch_row(const float *row, int64_t n);
 
 /* dst[S, HD] = src rows [S, HD] (row stride ld), packed. */
 void attention_copy_rows(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD);

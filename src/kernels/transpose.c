@@ -58,10 +58,12 @@ static void transpose_done(void) {
 }
 
 void transpose_f32(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static)
-    for (int64_t c0 = 0; c0 < cols; c0 += 64) {
-        transpose_band(dst, ld_dst, src, ld_src, rows, c0, c0 + 64 < cols ? c0 + 64 : cols);
-        transpose_done();
+#pragma omp parallel
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t c0 = 0; c0 < cols; c0 += 64)
+            transpose_band(dst, ld_dst, src, ld_src, rows, c0, c0 + 64 < cols ? c0 + 64 : cols);
+        transpose_done(); /* each thread its own stores, before the region's closing barrier */
     }
 }
 

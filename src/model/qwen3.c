@@ -193,7 +193,6 @@ struct qwen3_model {
     qwen3_params_t w, dw;
     const float *params;     /* base of w, to find a weight's bf16 copy at the same offset */
     const bf16_t *params16;  /* bf16 runs: bf16(params), kept current by the optimizer */
-    bool pad16;              /* bf16 inputs' rows padded off 2 KiB multiples (ld16_for) */
     float *stream;        /* [L+1, T, D]: the input of every layer, then the final residual */
     float *acts_base;
     layer_acts_t *acts;   /* [L], or [1] under full remat */
@@ -285,7 +284,6 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     m->trace = opt->trace;
     m->params = params;
     m->params16 = params_bf16;
-    m->pad16 = gemm_bf16_tiles(gemm);
     if (opt->bf16 && !params_bf16) {
         snprintf(err, errlen, "internal error: a bf16 model needs its bf16 weight copy");
         qwen3_destroy(m);
@@ -345,7 +343,7 @@ const char *qwen3_attention_blocks(const qwen3_model_t *m) {
 /* ---- linear layers: y = x·Wᵀ with W [out, in] ---- */
 static double linear_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * (double)M * (double)N * (double)K; }
 
-static int64_t ld16(const qwen3_model_t *m, int64_t cols) { return ld16_for(m->pad16, cols); }
+static int64_t ld16(const qwen3_model_t *m, int64_t cols) { return ld16_for(gemm_bf16_tiles(m->gemm), cols); }
 static const bf16_t *weight16(const qwen3_model_t *m, const float *w) { return m->params16 + (w - m->params); }
 
 static void to_bf16(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t n) {
