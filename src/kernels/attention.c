@@ -108,18 +108,6 @@ static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64
         }
 }
 
-#if defined(__AVX512F__)
-static inline void store_bf16x16(bf16_t *dst, __m512 x) {
-#if defined(__AVX512BF16__)
-    _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(x));
-#else
-    float tmp[16];
-    _mm512_storeu_ps(tmp, x);
-    bf16_from_f32_block(dst, tmp, 16);
-#endif
-}
-#endif
-
 /* One row of attention_softmax_rows: the shift is the row's maximum; returns 1/Σ through
  * *inv_sum and the lse through *lse_out. With dst16 the probabilities go to dst16 in bf16
  * instead of back into the row, which is then only read: the P of a bf16 P·V product, without a
@@ -128,25 +116,25 @@ static void softmax_row(float *row, bf16_t *dst16, int64_t visible, int64_t kend
                         float *inv_sum) {
     int64_t j = 0;
     float m = -FLT_MAX;
-#if defined(__AVX512F__)
-    __m512 vm = _mm512_set1_ps(-FLT_MAX);
-    for (; j + 16 <= visible; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(row + j));
-    m = _mm512_reduce_max_ps(vm);
+#if VF_LANES
+    vf vm = vf_set1(-FLT_MAX);
+    for (; j + VF_LANES <= visible; j += VF_LANES) vm = vf_max(vm, vf_load(row + j));
+    m = vf_reduce_max(vm);
 #endif
     for (; j < visible; j++) m = row[j] > m ? row[j] : m;
     const float shift = m * scale;
     double sum = 0.0;
     j = 0;
-#if defined(__AVX512F__)
-    const __m512 sh = _mm512_set1_ps(shift), sc = _mm512_set1_ps(scale);
-    __m512 acc = _mm512_setzero_ps();
-    for (; j + 16 <= visible; j += 16) {
-        __m512 e = exp512_ps(_mm512_fmsub_ps(_mm512_loadu_ps(row + j), sc, sh));
-        if (dst16) store_bf16x16(dst16 + j, e);
-        else _mm512_storeu_ps(row + j, e);
-        acc = _mm512_add_ps(acc, e);
+#if VF_LANES
+    const vf sh = vf_set1(shift), sc = vf_set1(scale);
+    vf acc = vf_zero();
+    for (; j + VF_LANES <= visible; j += VF_LANES) {
+        vf e = vf_exp(vf_fmsub(vf_load(row + j), sc, sh));
+        if (dst16) vf_store_bf16(dst16 + j, e);
+        else vf_store(row + j, e);
+        acc = vf_add(acc, e);
     }
-    sum = _mm512_reduce_add_ps(acc);
+    sum = vf_reduce_add(acc);
 #endif
     for (; j < visible; j++) {
         float e = expf(row[j] * scale - shift);
@@ -179,9 +167,9 @@ void attention_p_ds_chunk(float *p, float *ds, const float *scores, const float 
                           int64_t visible, float score_scale, float lse, float ds_scale, float di) {
     const int64_t j1 = j0 + n, vis = visible < j1 ? visible : j1;
     int64_t j = j0;
-#if defined(__AVX512F__)
-    const __m512 sh = _mm512_set1_ps(lse), sc = _mm512_set1_ps(score_scale);
-    for (; j + 16 <= vis; j += 16) _mm512_storeu_ps(p + j - j0, exp512_ps(_mm512_fmsub_ps(_mm512_loadu_ps(scores + j), sc, sh)));
+#if VF_LANES
+    const vf sh = vf_set1(lse), sc = vf_set1(score_scale);
+    for (; j + VF_LANES <= vis; j += VF_LANES) vf_store(p + j - j0, vf_exp(vf_fmsub(vf_load(scores + j), sc, sh)));
 #endif
     for (; j < vis; j++) p[j - j0] = expf(scores[j] * score_scale - lse);
     for (; j < j1; j++) p[j - j0] = 0.0f;
@@ -192,12 +180,12 @@ void attention_p_ds_chunk(float *p, float *ds, const float *scores, const float 
 float attention_row_dot(const float *a, const float *b, int64_t n) {
     int64_t i = 0;
     float sum = 0.0f;
-#if defined(__AVX512F__)
-    /* 16 lanes, then the lanes summed: in order, one dependent add per element was 4 cycles
+#if VF_LANES
+    /* In lanes, then the lanes summed: in order, one dependent add per element was 4 cycles
      * each, 8% of the bf16 backward. */
-    __m512 acc = _mm512_setzero_ps();
-    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    sum = _mm512_reduce_add_ps(acc);
+    vf acc = vf_zero();
+    for (; i + VF_LANES <= n; i += VF_LANES) acc = vf_fmadd(vf_load(a + i), vf_load(b + i), acc);
+    sum = vf_reduce_add(acc);
 #endif
     for (; i < n; i++) sum += a[i] * b[i];
     return sum;

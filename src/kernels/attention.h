@@ -22,8 +22,8 @@ typedef struct attn_shape {
 /* Floats of scratch the kernels need with num_threads threads. */
 int64_t attention_scratch_floats(const attn_shape_t *a, int num_threads);
 
-/* The fp32 kernels run their block products either in our AVX-512 micro-GEMM (thread_gemm
- * NULL) or through the gemm library with one context per OpenMP thread of the calling team
+/* The fp32 kernels run their block products either in our micro-GEMM (AVX-512 or AVX2;
+ * thread_gemm NULL) or through the gemm library with one context per OpenMP thread of the calling team
  * (thread_gemm[t]); the model passes contexts where the library is faster on these blocks
  * (gemm_suits_attention_blocks). */
 void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,

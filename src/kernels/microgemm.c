@@ -1,38 +1,44 @@
 #include "kernels/microgemm.h"
 
-#include <immintrin.h>
+#include "kernels/vecmath.h"
 
-#if defined(__AVX512F__)
-/* Tiles of 8 rows × 32 columns: 16 accumulators of 16 lanes, two B vectors and one broadcast
- * A value stay in registers (19 of 32). Each B row loaded from cache feeds 16 FMAs, so the
- * kernel is bound by the FMA pipes rather than by loads (a 4-row tile fed 8 and was not). */
+#if VF_LANES
+/* Tiles of MR rows × two vectors of columns: 2·MR accumulators, two B vectors and one
+ * broadcast A value stay in registers. AVX-512 (32 registers): 8 × 32, 19 of 32. AVX2 (16):
+ * 6 × 16, 15 of 16, the shape of BLIS's Haswell kernel. Each B row loaded from cache feeds
+ * 2·MR FMAs, so the kernel is bound by the FMA pipes rather than by loads (a 4-row tile on
+ * AVX-512 fed 8 and was not). */
+#if VF_LANES == 16
 enum { MR = 8 };
-
-static inline __mmask16 lane_mask(int64_t n) {
-    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
-}
+const char *microgemm_kind(void) { return "AVX-512 micro-GEMM (8 x 32 register tiles)"; }
+#else
+enum { MR = 6 };
+const char *microgemm_kind(void) { return "AVX2 micro-GEMM (6 x 16 register tiles)"; }
+#endif
+enum { NR = 2 * VF_LANES };
 
 void microgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
                int64_t csa, const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate) {
-    const __m512 va = _mm512_set1_ps(alpha);
+    const vf va = vf_set1(alpha);
     for (int64_t i0 = 0; i0 < M; i0 += MR) {
         int64_t mi = M - i0 < MR ? M - i0 : MR;
         /* Rows past M repeat row i0: computed, never stored, so the loop needs no branches. */
         const float *a[MR];
         for (int r = 0; r < MR; r++) a[r] = A + (i0 + (r < mi ? r : 0)) * rsa;
-        for (int64_t j0 = 0; j0 < N; j0 += 32) {
-            __mmask16 m0 = lane_mask(N - j0), m1 = lane_mask(N - j0 - 16);
-            __m512 c[MR][2];
-            for (int r = 0; r < MR; r++) c[r][0] = c[r][1] = _mm512_setzero_ps();
+        for (int64_t j0 = 0; j0 < N; j0 += NR) {
+            const int64_t n0 = N - j0, n1 = N - j0 - VF_LANES;
+            const bool whole = n0 >= NR;
+            vf c[MR][2];
+            for (int r = 0; r < MR; r++) c[r][0] = c[r][1] = vf_zero();
             const float *b = B + j0;
             for (int64_t k = 0; k < K; k++) {
-                __m512 b0 = _mm512_maskz_loadu_ps(m0, b + k * ldb);
-                __m512 b1 = _mm512_maskz_loadu_ps(m1, b + k * ldb + 16);
+                vf b0 = whole ? vf_load(b + k * ldb) : vf_load_n(b + k * ldb, n0);
+                vf b1 = whole ? vf_load(b + k * ldb + VF_LANES) : vf_load_n(b + k * ldb + VF_LANES, n1);
 #pragma GCC unroll 8
                 for (int r = 0; r < MR; r++) {
-                    __m512 x = _mm512_set1_ps(a[r][k * csa]);
-                    c[r][0] = _mm512_fmadd_ps(x, b0, c[r][0]);
-                    c[r][1] = _mm512_fmadd_ps(x, b1, c[r][1]);
+                    vf x = vf_set1(a[r][k * csa]);
+                    c[r][0] = vf_fmadd(x, b0, c[r][0]);
+                    c[r][1] = vf_fmadd(x, b1, c[r][1]);
                 }
             }
             /* Unrolled with constant r so the accumulators stay registers, not a stack array. */
@@ -40,18 +46,20 @@ void microgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int
             for (int r = 0; r < MR; r++) {
                 if (r >= mi) break;
                 float *cp = C + (i0 + r) * ldc + j0;
-                __m512 o0 = _mm512_mul_ps(va, c[r][0]), o1 = _mm512_mul_ps(va, c[r][1]);
+                vf o0 = vf_mul(va, c[r][0]), o1 = vf_mul(va, c[r][1]);
                 if (accumulate) {
-                    o0 = _mm512_add_ps(o0, _mm512_maskz_loadu_ps(m0, cp));
-                    o1 = _mm512_add_ps(o1, _mm512_maskz_loadu_ps(m1, cp + 16));
+                    o0 = vf_add(o0, vf_load_n(cp, n0));
+                    o1 = vf_add(o1, vf_load_n(cp + VF_LANES, n1));
                 }
-                _mm512_mask_storeu_ps(cp, m0, o0);
-                _mm512_mask_storeu_ps(cp + 16, m1, o1);
+                vf_store_n(cp, o0, n0);
+                vf_store_n(cp + VF_LANES, o1, n1);
             }
         }
     }
 }
 #else
+const char *microgemm_kind(void) { return "scalar micro-GEMM (a build without AVX2)"; }
+
 void microgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
                int64_t csa, const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate) {
     for (int64_t i = 0; i < M; i++)

@@ -13,4 +13,8 @@
 void microgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
                int64_t csa, const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
 
+/* The kernel this build runs, for the console: "AVX-512 micro-GEMM (8 x 32 tiles)", the AVX2
+ * one, or the plain loop of a build without either. */
+const char *microgemm_kind(void);
+
 #endif

@@ -4,19 +4,15 @@
 
 #include "kernels/vecmath.h"
 
-/* sigmoid over n numbers: 16 at a time with the polynomial exp, the tail with expf. The
- * reciprocal is rcp14 and one Newton step (relative error ~2⁻²⁸ before rounding, so within an
- * ulp of the quotient): a 512-bit divide issues once per ~10 cycles and was most of the loop. */
+/* sigmoid over n numbers: a vector at a time with the polynomial exp, the tail with expf. The
+ * reciprocal is vf_recip: on AVX-512 rcp14 and one Newton step, as a 512-bit divide issuing
+ * once per ~10 cycles was most of the loop. */
 static void sigmoid_row(float *out, const float *x, int64_t n) {
     int64_t i = 0;
-#if defined(__AVX512F__)
-    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
-    for (; i + 16 <= n; i += 16) {
-        __m512 e = exp512_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(x + i)));
-        __m512 d = _mm512_add_ps(one, e), r = _mm512_rcp14_ps(d);
-        r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, two));
-        _mm512_storeu_ps(out + i, r);
-    }
+#if VF_LANES
+    const vf one = vf_set1(1.0f);
+    for (; i + VF_LANES <= n; i += VF_LANES)
+        vf_store(out + i, vf_recip(vf_add(one, vf_exp(vf_sub(vf_zero(), vf_load(x + i))))));
 #endif
     for (; i < n; i++) out[i] = 1.0f / (1.0f + expf(-x[i]));
 }

@@ -1,37 +1,156 @@
-/* vecmath: 16-wide exp for the softmax, cross-entropy and SiLU loops. glibc vectorises expf
- * only under -ffast-math, which would also loosen every other loop, so the hot exponentials
- * use this one: 2^n · p(r) with a degree-6 polynomial, relative error below 2e-7. And a 16 × 16
- * transpose of 32-bit words in registers, for the fp32 transposes and the AMX packers. */
+/* vecmath: the CPU's widest float vector as one type, `vf` (16 lanes of AVX-512 or 8 of AVX2 +
+ * FMA), so that each hot loop is written once and runs at full width on either ISA: loads,
+ * stores (whole or the first n lanes), arithmetic, horizontal sums, a VF_LANES × VF_LANES
+ * register transpose, bf16 rounding stores, and the exponential. glibc vectorises expf only
+ * under -ffast-math, which would also loosen every other loop, so the hot exponentials use
+ * vf_exp: 2^n · p(r) with a degree-6 polynomial, relative error below 2e-7, the same maths on
+ * both ISAs. Without AVX2 (a plain x86-64 build) VF_LANES is 0 and callers run their scalar
+ * loops. transpose16x16_ps, the 16 × 16 AVX-512 tile the AMX packers use, lives here too. */
 #ifndef STEPSCOPE_VECMATH_H
 #define STEPSCOPE_VECMATH_H
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
+
+#include "kernels/bf16.h"
 
 #if defined(__AVX512F__)
-static inline __m512 exp512_ps(__m512 x) {
+typedef __m512 vf;
+typedef __m512i vi;
+#define VF_LANES 16
+static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vf_store(float *p, vf x) { _mm512_storeu_ps(p, x); }
+/* Streaming store of a whole line-aligned vector (caller fences with _mm_sfence). */
+static inline void vf_stream(float *p, vf x) { _mm512_stream_ps(p, x); }
+static inline __mmask16 vf_mask_(int64_t n) {
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+/* The first n lanes (n may be ≤ 0 or ≥ VF_LANES); the others read as 0, written not at all. */
+static inline vf vf_load_n(const float *p, int64_t n) { return _mm512_maskz_loadu_ps(vf_mask_(n), p); }
+static inline void vf_store_n(float *p, vf x, int64_t n) { _mm512_mask_storeu_ps(p, vf_mask_(n), x); }
+static inline vf vf_set1(float x) { return _mm512_set1_ps(x); }
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vf_min(vf a, vf b) { return _mm512_min_ps(a, b); }
+static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }   /* a·b + c */
+static inline vf vf_fmsub(vf a, vf b, vf c) { return _mm512_fmsub_ps(a, b, c); }   /* a·b − c */
+static inline vf vf_fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); } /* c − a·b */
+static inline float vf_reduce_add(vf x) { return _mm512_reduce_add_ps(x); }
+static inline float vf_reduce_max(vf x) { return _mm512_reduce_max_ps(x); }
+static inline vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* 1/d: rcp14 and one Newton step (relative error ~2⁻²⁸ before rounding, within an ulp of the
+ * quotient), as a 512-bit divide issues once per ~10 cycles. */
+static inline vf vf_recip(vf d) {
+    vf r = _mm512_rcp14_ps(d);
+    return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
+}
+/* p · 2^n for integral n in [-126, 128], rounded once. */
+static inline vf vf_scale2_(vf p, vf n) { return _mm512_scalef_ps(p, n); }
+/* x where keep, else 0, keep = x ≥ lo. */
+static inline vf vf_zero_below_(vf x, vf v, vf lo) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, lo, _CMP_GE_OQ), x);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 vf;
+typedef __m256i vi;
+#define VF_LANES 8
+static inline vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vf_store(float *p, vf x) { _mm256_storeu_ps(p, x); }
+static inline void vf_stream(float *p, vf x) { _mm256_stream_ps(p, x); }
+static inline __m256i vf_mask_(int64_t n) {
+    int32_t k = n >= 8 ? 8 : n <= 0 ? 0 : (int32_t)n;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vf vf_load_n(const float *p, int64_t n) { return _mm256_maskload_ps(p, vf_mask_(n)); }
+static inline void vf_store_n(float *p, vf x, int64_t n) { _mm256_maskstore_ps(p, vf_mask_(n), x); }
+static inline vf vf_set1(float x) { return _mm256_set1_ps(x); }
+static inline vf vf_zero(void) { return _mm256_setzero_ps(); }
+static inline vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf vf_min(vf a, vf b) { return _mm256_min_ps(a, b); }
+static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vf_fmsub(vf a, vf b, vf c) { return _mm256_fmsub_ps(a, b, c); }
+static inline vf vf_fnmadd(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+static inline float vf_reduce_add(vf x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float vf_reduce_max(vf x) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+static inline vf vf_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* rcp_ps has 12 bits, one Newton step 23: a divide (one per ~3.5 cycles for 8 lanes on Zen 3)
+ * is exact and costs little more. */
+static inline vf vf_recip(vf d) { return _mm256_div_ps(_mm256_set1_ps(1.0f), d); }
+/* p · 2^n as p · 2^⌊n/2⌋ · 2^(n−⌊n/2⌋): each factor a normal float for n in [-126, 128], the
+ * first product exact, so the result is rounded once, as AVX-512's scalef rounds it. */
+static inline vf vf_scale2_(vf p, vf n) {
+    __m256i ni = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(ni, 1), l = _mm256_sub_epi32(ni, h);
+    const __m256i bias = _mm256_set1_epi32(127);
+    vf ph = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
+    vf pl = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(l, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, ph), pl);
+}
+static inline vf vf_zero_below_(vf x, vf v, vf lo) { return _mm256_and_ps(x, _mm256_cmp_ps(v, lo, _CMP_GE_OQ)); }
+#else
+#define VF_LANES 0
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+static inline vf vf_exp(vf x) {
     /* Clamp so 2^n stays a normal float; below -87.3 the result flushes to 0 as expf's does
      * in float (what the softmax of a masked or tiny logit needs). */
-    const __m512 lo = _mm512_set1_ps(-87.33654f), hi = _mm512_set1_ps(88.72283f);
-    __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const vf lo = vf_set1(-87.33654f), hi = vf_set1(88.72283f);
+    vf xc = vf_min(vf_max(x, lo), hi);
+    vf n = vf_round(vf_mul(xc, vf_set1(1.44269504088896341f)));
     /* r = x - n·ln2 in two parts (Cody-Waite) keeps r exact enough for the polynomial. */
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    __m512 r2 = _mm512_mul_ps(r, r);
-    p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512 result = _mm512_scalef_ps(p, n);
-    return _mm512_maskz_mov_ps(~underflow, result);
+    vf r = vf_fnmadd(n, vf_set1(0.693359375f), xc);
+    r = vf_fnmadd(n, vf_set1(-2.12194440e-4f), r);
+    vf p = vf_set1(1.9875691500e-4f);
+    p = vf_fmadd(p, r, vf_set1(1.3981999507e-3f));
+    p = vf_fmadd(p, r, vf_set1(8.3334519073e-3f));
+    p = vf_fmadd(p, r, vf_set1(4.1665795894e-2f));
+    p = vf_fmadd(p, r, vf_set1(1.6666665459e-1f));
+    p = vf_fmadd(p, r, vf_set1(5.0000001201e-1f));
+    p = vf_fmadd(p, vf_mul(r, r), vf_add(r, vf_set1(1.0f)));
+    return vf_zero_below_(vf_scale2_(p, n), x, lo);
 }
 
+/* Rounds x to bf16 (nearest even, NaN kept quiet, as bf16_from_f32) into dst[VF_LANES]. */
+static inline void vf_store_bf16(bf16_t *dst, vf x) {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(x));
+#elif defined(__AVX512F__)
+    __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                     _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+#else
+    __m256i u = _mm256_castps_si256(x);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                     _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+    r = _mm256_srli_epi32(r, 16);
+    /* packus works within 128-bit lanes: pack, then bring the two lanes' low halves together. */
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(packed));
+#endif
+}
+#endif
+
+#if defined(__AVX512F__)
 /* r[0..16) as the rows of a 16 × 16 matrix of 32-bit words, transposed in place: pairs
  * interleaved, then 64-bit pairs, then the 128-bit lanes of the four row groups gathered, 64
  * shuffles with immediate or no indices (an index-table form built its tables on the stack at
@@ -59,6 +178,27 @@ static inline void transpose16x16_ps(__m512 r[16]) {
         t[12 + i] = _mm512_shuffle_f32x4(c, d, 0xdd);
     }
     for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+static inline void vf_transpose(vf r[VF_LANES]) { transpose16x16_ps(r); }
+#elif defined(__AVX2__) && defined(__FMA__)
+/* The 8 × 8 form: pairs, 64-bit pairs, then the 128-bit halves swapped across rows 4 apart. */
+static inline void vf_transpose(vf r[VF_LANES]) {
+    __m256 t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; i++) r[i] = t[i];
 }
 #endif
 

@@ -12,23 +12,23 @@ static float row_max(const float *x, int64_t n) {
     return m;
 }
 
-/* x[i] = exp(x[i] − shift); returns Σ x[i] (accumulated in double across 16-lane partials). */
+/* x[i] = exp(x[i] − shift); returns Σ x[i] (accumulated in double across vector partials). */
 static double exp_shift_sum(float *x, int64_t n, float shift) {
     int64_t i = 0;
     double total = 0.0;
-#if defined(__AVX512F__)
-    __m512 acc = _mm512_setzero_ps();
-    const __m512 sh = _mm512_set1_ps(shift);
-    for (; i + 16 <= n; i += 16) {
-        __m512 e = exp512_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), sh));
-        _mm512_storeu_ps(x + i, e);
-        acc = _mm512_add_ps(acc, e);
-        if ((i & 4095) == 4080) { /* flush the float partials now and then to keep precision */
-            total += _mm512_reduce_add_ps(acc);
-            acc = _mm512_setzero_ps();
+#if VF_LANES
+    vf acc = vf_zero();
+    const vf sh = vf_set1(shift);
+    for (; i + VF_LANES <= n; i += VF_LANES) {
+        vf e = vf_exp(vf_sub(vf_load(x + i), sh));
+        vf_store(x + i, e);
+        acc = vf_add(acc, e);
+        if ((i & 4095) == 4096 - VF_LANES) { /* flush the float partials now and then to keep precision */
+            total += vf_reduce_add(acc);
+            acc = vf_zero();
         }
     }
-    total += _mm512_reduce_add_ps(acc);
+    total += vf_reduce_add(acc);
 #endif
     for (; i < n; i++) {
         x[i] = expf(x[i] - shift);

@@ -10,6 +10,7 @@
 #include "kernels/amx.h"
 #include "kernels/attention.h"
 #include "kernels/embed.h"
+#include "kernels/microgemm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/swiglu.h"
@@ -337,7 +338,10 @@ void qwen3_destroy(qwen3_model_t *m) {
 
 const char *qwen3_attention_blocks(const qwen3_model_t *m) {
     if (m->thread_gemm) return "the matmul library, one context per thread";
-    return m->opt.bf16 ? "AMX tiles (stepscope's bf16 kernel)" : "stepscope's AVX-512 micro-GEMM";
+    if (m->opt.bf16) return "AMX tiles (stepscope's bf16 kernel)";
+    static char fp32[96];
+    snprintf(fp32, sizeof fp32, "stepscope's %s", microgemm_kind());
+    return fp32;
 }
 
 /* ---- linear layers: y = x·Wᵀ with W [out, in] ---- */

@@ -126,7 +126,7 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
 void qwen3_destroy(qwen3_model_t *m);
 
 /* Where attention's block products run, in words for the log: AMX tiles (bf16 where the CPU
- * has them), the matmul library, or the AVX-512 micro-GEMM (fp32). */
+ * has them), the matmul library, or our micro-GEMM (fp32; AVX-512 or AVX2). */
 const char *qwen3_attention_blocks(const qwen3_model_t *m);
 
 /* Forward, mean cross-entropy over the B·S targets, and backward: gradients are added into

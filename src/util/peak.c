@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "kernels/amx.h"
+#include "kernels/vecmath.h"
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -15,17 +16,18 @@ static double now_seconds(void) {
 
 enum { PROBE_ITERS = 1 << 16 };
 
-/* 12 independent accumulators cover FMA latency × pipes; returns flops done. */
+/* 12 independent accumulators cover FMA latency × pipes (4 × 2 on AVX-512 parts, 4-5 × 2 on
+ * Zen's AVX2); returns flops done. */
 static double fma_burst(float seed, float *sink) {
-#if defined(__AVX512F__)
-    __m512 a[12], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
-    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps(seed + (float)i);
+#if VF_LANES
+    vf a[12], x = vf_set1(0.999999f), y = vf_set1(1e-7f);
+    for (int i = 0; i < 12; i++) a[i] = vf_set1(seed + (float)i);
     for (int it = 0; it < PROBE_ITERS; it++)
-        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], x, y);
-    __m512 s = a[0];
-    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
-    *sink = _mm512_reduce_add_ps(s);
-    return 2.0 * 16.0 * 12.0 * PROBE_ITERS;
+        for (int i = 0; i < 12; i++) a[i] = vf_fmadd(a[i], x, y);
+    vf s = a[0];
+    for (int i = 1; i < 12; i++) s = vf_add(s, a[i]);
+    *sink = vf_reduce_add(s);
+    return 2.0 * VF_LANES * 12.0 * PROBE_ITERS;
 #else
     float a[12 * 8];
     for (int i = 0; i < 12 * 8; i++) a[i] = seed + (float)i;
@@ -125,6 +127,8 @@ const char *peak_probe_method(bool bf16) {
 #endif
 #if defined(__AVX512F__)
     return "probe: 12 independent 512-bit fp32 FMA chains per compute thread, best of 5 rounds";
+#elif VF_LANES
+    return "probe: 12 independent 256-bit fp32 FMA chains per compute thread, best of 5 rounds";
 #else
     return "probe: vectorised fp32 multiply-add chains per compute thread, best of 5 rounds";
 #endif
