@@ -17,6 +17,22 @@ const char *microgemm_kind(void) { return "AVX2 micro-GEMM (6 x 16 register tile
 #endif
 enum { NR = 2 * VF_LANES };
 
+/* c += A rows a[0..MR) (k-th element at a[r][k·csa]) times B's columns [n0 | n1 lanes). */
+static inline __attribute__((always_inline)) void tile_loop(vf c[MR][2], const float *const a[MR], int64_t csa,
+                                                            const float *b, int64_t ldb, int64_t K, int64_t n0,
+                                                            int64_t n1, bool masked) {
+    for (int64_t k = 0; k < K; k++) {
+        vf b0 = masked ? vf_load_n(b + k * ldb, n0) : vf_load(b + k * ldb);
+        vf b1 = masked ? vf_load_n(b + k * ldb + VF_LANES, n1) : vf_load(b + k * ldb + VF_LANES);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            vf x = vf_set1(a[r][k * csa]);
+            c[r][0] = vf_fmadd(x, b0, c[r][0]);
+            c[r][1] = vf_fmadd(x, b1, c[r][1]);
+        }
+    }
+}
+
 void microgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
                int64_t csa, const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate) {
     const vf va = vf_set1(alpha);
@@ -31,22 +47,23 @@ void microgemm(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int
             vf c[MR][2];
             for (int r = 0; r < MR; r++) c[r][0] = c[r][1] = vf_zero();
             const float *b = B + j0;
-            for (int64_t k = 0; k < K; k++) {
-                vf b0 = whole ? vf_load(b + k * ldb) : vf_load_n(b + k * ldb, n0);
-                vf b1 = whole ? vf_load(b + k * ldb + VF_LANES) : vf_load_n(b + k * ldb + VF_LANES, n1);
-#pragma GCC unroll 8
-                for (int r = 0; r < MR; r++) {
-                    vf x = vf_set1(a[r][k * csa]);
-                    c[r][0] = vf_fmadd(x, b0, c[r][0]);
-                    c[r][1] = vf_fmadd(x, b1, c[r][1]);
-                }
-            }
+            /* Two copies of the loop (tile_loop inlined with a constant `masked`): on AVX2 a mask
+             * is a register, and the 16 are all taken by a whole tile's 12 accumulators, 2 B
+             * vectors and the broadcast; with the mask live, every k reloaded it from the stack. */
+            if (whole) tile_loop(c, a, csa, b, ldb, K, n0, n1, false);
+            else tile_loop(c, a, csa, b, ldb, K, n0, n1, true);
             /* Unrolled with constant r so the accumulators stay registers, not a stack array. */
 #pragma GCC unroll 8
             for (int r = 0; r < MR; r++) {
                 if (r >= mi) break;
                 float *cp = C + (i0 + r) * ldc + j0;
                 vf o0 = vf_mul(va, c[r][0]), o1 = vf_mul(va, c[r][1]);
+                if (whole) {
+                    if (accumulate) o0 = vf_add(o0, vf_load(cp)), o1 = vf_add(o1, vf_load(cp + VF_LANES));
+                    vf_store(cp, o0);
+                    vf_store(cp + VF_LANES, o1);
+                    continue;
+                }
                 if (accumulate) {
                     o0 = vf_add(o0, vf_load_n(cp, n0));
                     o1 = vf_add(o1, vf_load_n(cp + VF_LANES, n1));
