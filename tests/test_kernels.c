@@ -185,16 +185,16 @@ static void test_gemm_bf16_vs_naive(void **state) {
     gemm_destroy(g);
 }
 
-/* The same bits on 1 and 2 threads, all four transpose forms, with and without accumulate,
- * on shapes whose small M·N and large K oneDNN's gemm driver splits over K by thread count
- * (the tiny model's 64x512:512x64 weight gradient moved in the 9th digit on an AVX2 CPU), and
- * one big enough for several panels (gemm_dnnl.c's run_panels). */
+/* The same bits on 1 and 2 threads, in fp32 and bf16, all four transpose forms, with and
+ * without accumulate, on shapes whose small M·N and large K oneDNN's gemm driver splits over
+ * K by thread count (the tiny model's 64x512:512x64 weight gradient moved in the 9th digit on
+ * an AVX2 CPU), and one big enough for several panels (gemm_dnnl.c's run_panels). */
 static void test_gemm_thread_count_bits(void **state) {
     static const int64_t shapes[][3] = {{64, 64, 512}, {128, 64, 512}, {48, 64, 4096}, {16, 32, 20480}, {320, 256, 2048}};
     test_rng_t rng = {3};
     gemm_ctx_t *g = new_gemm_of(state);
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
-        for (int form = 0; form < 4; form++) {
+        for (int form = 0; form < 8; form++) {
             bool ta = form & 1, tb = form & 2, bf = form & 4, acc = sh % 2 == (size_t)ta;
             int64_t M = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2];
             int64_t na = M * K, nb = K * N, nc = M * N, lda = ta ? M : K, ldb = tb ? K : N;

@@ -55,7 +55,8 @@ void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, i
               float *C, int64_t ldc, bool accumulate);
 
 /* The same contract with A and B in bfloat16 (uint16_t bit patterns) and C in fp32; products
- * accumulate in fp32 (AVX512-BF16 dot products on this machine). */
+ * accumulate in fp32: on AMX tiles or AVX512-BF16 dot products where the CPU has them, else
+ * with the operands widened to fp32 block by block (gemm_widen.h), on every x86-64 CPU. */
 void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate);
@@ -66,12 +67,9 @@ const char *gemm_bf16_detail(const gemm_ctx_t *g);
 bool gemm_bf16_tiles(const gemm_ctx_t *g);
 
 /* Allocates and touches what gemm_bf16 needs for a team of `threads` (the AMX kernel's packing
- * space, 3 MiB a thread), so that no step allocates or faults it in; false when out of memory.
- * Without it the first product allocates. */
+ * space, 3 MiB a thread; the widening scratch, 4.1 MiB a context), so that no step allocates or
+ * faults it in; false when out of memory. Without it the first product allocates. */
 bool gemm_bf16_reserve(gemm_ctx_t *g, int threads);
-
-/* Whether this CPU (and the library build) can run gemm_bf16. */
-bool gemm_bf16_supported(gemm_ctx_t *g);
 
 /* Reference: the same contract in plain loops (float accumulation in double), for tests. */
 void gemm_f32_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
