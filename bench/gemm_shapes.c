@@ -62,7 +62,10 @@ int main(int argc, char **argv) {
     if (!g[2]) { fprintf(stderr, "%s\n", err); return 1; }
     if (!gemm_bf16_tiles(g[2])) printf("AMX kernel not measured: this CPU or build has no AMX\n");
     gemm_ctx_t *ctx[NVAR] = {g[0], g[1], g[0], g[1], gemm_bf16_tiles(g[2]) ? g[2] : NULL};
-    bool on[NVAR] = {true, g[1] != NULL, gemm_bf16_supported(g[0]), g[1] && gemm_bf16_supported(g[1]), ctx[4] != NULL};
+    /* bf16 runs on every CPU: where it has no bf16 unit, widened to fp32 (gemm_widen.h). */
+    bool on[NVAR] = {true, g[1] != NULL, true, g[1] != NULL, ctx[4] != NULL};
+    for (int k = 2; k < 4; k++)
+        if (on[k]) printf("%s: %s\n", names[k], gemm_bf16_detail(ctx[k]));
     const int64_t chunks = (T + XC - 1) / XC;
     printf("qwen3-0.6b matmuls at T=%lld tokens (lm_head: chunk of %lld), %d threads, median of %d; GFLOP/s (%% of peak)\n",
            (long long)T, (long long)XC, threads, reps);

@@ -185,6 +185,71 @@ static void test_gemm_bf16_vs_naive(void **state) {
     gemm_destroy(g);
 }
 
+/* gemm_bf16 on shapes big enough for several blocks of op(A) and op(B) and several K slices
+ * where the operands are widened (gemm_widen.c: up to 1024 rows and columns, K as deep as its
+ * scratch allows), and for B's block kept across A's blocks, against gemm_f32 on the same
+ * bf16-rounded values: only the fp32 sums' order differs, ~1e-6 relative. */
+static void test_gemm_bf16_blocks_vs_f32(void **state) {
+    static const int64_t shapes[][3] = {{1030, 1100, 1500}, {2100, 64, 1500}, {64, 2100, 3000}};
+    test_rng_t rng = {4};
+    gemm_ctx_t *g = new_gemm_of(state);
+    double worst = 0.0;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int form = 0; form < 4; form++) {
+            bool ta = form & 1, tb = form & 2, acc = (sh + (size_t)form) % 2;
+            int64_t M = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2];
+            int64_t na = M * K, nb = K * N, nc = M * N, lda = ta ? M : K, ldb = tb ? K : N;
+            float *A = falloc((size_t)na), *B = falloc((size_t)nb), *C = falloc((size_t)nc), *Cref;
+            bf16_t *A16 = malloc((size_t)na * sizeof(bf16_t)), *B16 = malloc((size_t)nb * sizeof(bf16_t));
+            fill_bf16_exact(A, A16, na, &rng);
+            fill_bf16_exact(B, B16, nb, &rng);
+            fill_uniform(C, (size_t)nc, &rng, -1.0f, 1.0f);
+            Cref = fdup(C, (size_t)nc);
+            gemm_bf16(g, ta, tb, M, N, K, A16, lda, B16, ldb, C, N, acc);
+            gemm_f32(g, ta, tb, M, N, K, A, lda, B, ldb, Cref, N, acc);
+            double e = rel_err_2d(C, N, Cref, N, M, N);
+            if (!(e < 1e-5)) fail_msg("gemm_bf16 ta=%d tb=%d acc=%d %ldx%ldx%ld: rel err %.3e against gemm_f32", ta, tb,
+                                      acc, (long)M, (long)N, (long)K, e);
+            worst = e > worst ? e : worst;
+            free(A), free(B), free(C), free(Cref), free(A16), free(B16);
+        }
+    CHECK_LE("gemm_bf16 vs gemm_f32 on bf16-rounded inputs, blocked shapes, worst rel Frobenius", worst, 1e-5);
+    gemm_destroy(g);
+}
+
+/* The same bits on 1 and 2 threads, in fp32 and bf16, all four transpose forms, with and
+ * without accumulate, on shapes whose small M·N and large K oneDNN's gemm driver splits over
+ * K by thread count (the tiny model's 64x512:512x64 weight gradient moved in the 9th digit on
+ * an AVX2 CPU), and one big enough for several panels (gemm_dnnl.c's run_panels). */
+static void test_gemm_thread_count_bits(void **state) {
+    static const int64_t shapes[][3] = {{64, 64, 512}, {128, 64, 512}, {48, 64, 4096}, {16, 32, 20480}, {320, 256, 2048}};
+    test_rng_t rng = {3};
+    gemm_ctx_t *g = new_gemm_of(state);
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int form = 0; form < 8; form++) {
+            bool ta = form & 1, tb = form & 2, bf = form & 4, acc = sh % 2 == (size_t)ta;
+            int64_t M = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2];
+            int64_t na = M * K, nb = K * N, nc = M * N, lda = ta ? M : K, ldb = tb ? K : N;
+            float *A = falloc((size_t)na), *B = falloc((size_t)nb), *C0 = falloc((size_t)nc), *C[2];
+            bf16_t *A16 = malloc((size_t)na * sizeof(bf16_t)), *B16 = malloc((size_t)nb * sizeof(bf16_t));
+            fill_bf16_exact(A, A16, na, &rng);
+            fill_bf16_exact(B, B16, nb, &rng);
+            fill_uniform(C0, (size_t)nc, &rng, -1.0f, 1.0f);
+            for (int t = 0; t < 2; t++) {
+                omp_set_num_threads(t + 1);
+                C[t] = fdup(C0, (size_t)nc);
+                if (bf) gemm_bf16(g, ta, tb, M, N, K, A16, lda, B16, ldb, C[t], N, acc);
+                else gemm_f32(g, ta, tb, M, N, K, A, lda, B, ldb, C[t], N, acc);
+            }
+            omp_set_num_threads(g_threads0);
+            if (memcmp(C[0], C[1], (size_t)nc * sizeof(float)))
+                fail_msg("gemm_%s ta=%d tb=%d acc=%d %ldx%ldx%ld differs between 1 and 2 threads", bf ? "bf16" : "f32",
+                         ta, tb, acc, (long)M, (long)N, (long)K);
+            free(A), free(B), free(C0), free(C[0]), free(C[1]), free(A16), free(B16);
+        }
+    gemm_destroy(g);
+}
+
 /* One amx_gemm_bf16 case against the naive fp32 gemm on the same bf16-rounded values, on
  * `threads` threads; C's row padding must stay untouched. Returns the relative Frobenius error
  * and leaves the result in *out (M × ldc) for comparisons across thread counts. */
@@ -1484,6 +1549,10 @@ int main(void) {
         cmocka_unit_test(test_transpose),
         TEST_WITH_LIB(test_gemm_bf16_vs_naive, LIB_ONEDNN, "onednn"),
         TEST_WITH_LIB(test_gemm_bf16_vs_naive, LIB_MKL, "mkl"),
+        TEST_WITH_LIB(test_gemm_bf16_blocks_vs_f32, LIB_ONEDNN, "onednn"),
+        TEST_WITH_LIB(test_gemm_bf16_blocks_vs_f32, LIB_MKL, "mkl"),
+        TEST_WITH_LIB(test_gemm_thread_count_bits, LIB_ONEDNN, "onednn"),
+        TEST_WITH_LIB(test_gemm_thread_count_bits, LIB_MKL, "mkl"),
         cmocka_unit_test(test_bf16_rounding),
         TEST_WITH_LIB(test_gemm_caches_primitives, LIB_ONEDNN, "onednn"),
         cmocka_unit_test(test_amx_gemm_vs_naive),

@@ -15,7 +15,10 @@
 typedef struct gemm_ctx gemm_ctx_t;
 
 /* Which library runs the products (config key gemm_library):
- *   ONEDNN  oneDNN's matmul primitive (Debian's libdnnl), on every x86-64 CPU;
+ *   ONEDNN  oneDNN's matmul primitive (Debian's libdnnl), on every x86-64 CPU; where it would
+ *           run a product on its gemm driver rather than its brgemm kernels (every fp32 product
+ *           without AVX512), in panels of single-threaded dnnl_sgemm fixed by the shape, since
+ *           that driver splits K by thread count (gemm_dnnl.c);
  *   MKL     Intel oneMKL's cblas_sgemm / cblas_gemm_bf16bf16f32, loaded at run time (gemm_mkl.h);
  *   AUTO    MKL on Intel CPUs where it loads, else oneDNN. On the Intel Xeon (AMX) VM MKL ran
  *           the qwen3-0.6b shapes 1.18x faster in fp32 and 1.42x in bf16 (bench/gemm_shapes);
@@ -52,7 +55,8 @@ void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, i
               float *C, int64_t ldc, bool accumulate);
 
 /* The same contract with A and B in bfloat16 (uint16_t bit patterns) and C in fp32; products
- * accumulate in fp32 (AVX512-BF16 dot products on this machine). */
+ * accumulate in fp32: on AMX tiles or AVX512-BF16 dot products where the CPU has them, else
+ * with the operands widened to fp32 block by block (gemm_widen.h), on every x86-64 CPU. */
 void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate);
@@ -63,12 +67,9 @@ const char *gemm_bf16_detail(const gemm_ctx_t *g);
 bool gemm_bf16_tiles(const gemm_ctx_t *g);
 
 /* Allocates and touches what gemm_bf16 needs for a team of `threads` (the AMX kernel's packing
- * space, 3 MiB a thread), so that no step allocates or faults it in; false when out of memory.
- * Without it the first product allocates. */
+ * space, 3 MiB a thread; the widening scratch, 4.1 MiB a context), so that no step allocates or
+ * faults it in; false when out of memory. Without it the first product allocates. */
 bool gemm_bf16_reserve(gemm_ctx_t *g, int threads);
-
-/* Whether this CPU (and the library build) can run gemm_bf16. */
-bool gemm_bf16_supported(gemm_ctx_t *g);
 
 /* Reference: the same contract in plain loops (float accumulation in double), for tests. */
 void gemm_f32_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -1,10 +1,13 @@
-/* gemm over oneDNN 2.x's matmul primitive, or handed to MKL (gemm_mkl.c) when that is the
- * library. Every oneDNN call of the project lives here: the 2.x C API (dnnl_matmul_desc_init,
- * memory descs by strides) changed in 3.x. */
+/* gemm over oneDNN 2.x's matmul primitive (its brgemm kernels) or dnnl_sgemm in fixed panels
+ * (where the primitive would take its gemm driver), or handed to MKL (gemm_mkl.c) when that is
+ * the library; bf16 with no bf16 kernel here goes through gemm_widen.c. Every oneDNN call of
+ * the project lives here: the 2.x C API (dnnl_matmul_desc_init, memory descs by strides)
+ * changed in 3.x. */
 #include "kernels/gemm.h"
 #include "kernels/amx.h"
 #include "kernels/amx_gemm.h"
 #include "kernels/gemm_mkl.h"
+#include "kernels/gemm_widen.h"
 
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
@@ -15,6 +18,8 @@
 typedef struct gemm_entry {
     bool trans_a, trans_b, accumulate, bf16_inputs;
     int64_t M, N, K, lda, ldb, ldc;
+    /* NULL where oneDNN would run the product on its gemm driver (or has no kernel for it):
+     * fp32 then runs in panels (run_panels), bf16 widened to fp32 (gemm_widen.h). */
     dnnl_primitive_t prim;
     dnnl_memory_t mem_a, mem_b, mem_c;
 } gemm_entry_t;
@@ -29,7 +34,10 @@ struct gemm_ctx {
     bool bf16_tiles;       /* bf16 products of whole 32-blocks run on amx_gemm.c */
     bf16_t *tile_work;     /* its packing space, for tile_work_threads threads */
     int tile_work_threads;
-    char detail[600], bf16_detail[200];
+    double nocopy_threshold; /* run_panels' copy_kernels() */
+    bool bf16_widens;      /* no library runs bf16 products here: gemm_widen.h does */
+    float *widen_work;     /* its scratch, GEMM_WIDEN_FLOATS */
+    char detail[600], bf16_detail[400];
 };
 
 /* The AMX kernel's packing space for this many threads, allocated and touched once. */
@@ -42,6 +50,14 @@ static bool tile_work_for(gemm_ctx_t *g, int threads) {
     if (g->tile_work) memset(g->tile_work, 0, bytes);
     return g->tile_work != NULL;
 }
+
+static bool widen_work_ready(gemm_ctx_t *g) {
+    if (!g->widen_work && (g->widen_work = aligned_alloc(64, GEMM_WIDEN_FLOATS * sizeof(float))))
+        memset(g->widen_work, 0, GEMM_WIDEN_FLOATS * sizeof(float));
+    return g->widen_work != NULL;
+}
+
+static bool onednn_has_bf16(gemm_ctx_t *g);
 
 int gemm_library_parse(const char *name) {
     return !strcmp(name, "auto") ? GEMM_LIB_AUTO : !strcmp(name, "onednn") ? GEMM_LIB_ONEDNN
@@ -64,9 +80,20 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
             return NULL;
         }
     }
+    if (dnnl_engine_create(&g->engine, dnnl_cpu, 0) != dnnl_success ||
+        dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags) != dnnl_success) {
+        snprintf(err, errlen, "oneDNN could not create a CPU engine (is libdnnl2 installed?)");
+        free(g);
+        return NULL;
+    }
+    bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+    g->nocopy_threshold = avx512 ? 0.00196 : 0.0038;
+    g->bf16_widens = !(g->mkl && mkl_has_bf16(g->mkl)) && !onednn_has_bf16(g);
     if (g->mkl)
         snprintf(g->detail, sizeof g->detail, "mkl (%s%s)", mkl_blas_path(g->mkl),
-                 mkl_has_bf16(g->mkl) ? "" : "; bf16 products on oneDNN");
+                 mkl_has_bf16(g->mkl) ? ""
+                 : g->bf16_widens     ? "; bf16 products widened to fp32"
+                                      : "; bf16 products on oneDNN");
     else
         snprintf(g->detail, sizeof g->detail, "onednn (%s)",
                  auto_wants_mkl ? "MKL not found" : "matmul primitive");
@@ -74,25 +101,29 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
      * and MKL beat oneDNN's; auto takes it. A library named outright runs every product, so
      * gemm_library=mkl or onednn is also how to measure the kernel against one. */
     g->bf16_tiles = lib == GEMM_LIB_AUTO && amx_available();
-    const char *library_bf16 = g->mkl && mkl_has_bf16(g->mkl) ? "mkl" : "onednn";
+    char library_bf16[300];
+    if (g->bf16_widens)
+        snprintf(library_bf16, sizeof library_bf16, "emulated: bf16 operands widened to fp32, products in fp32 on %s "
+                 "(%s; for numerics, not speed)", gemm_library_name(g),
+                 __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16")
+                     ? "oneDNN has no bf16 matmul at the ISA it is capped to"
+                     : "this CPU has no bf16 dot-product unit");
+    else
+        snprintf(library_bf16, sizeof library_bf16, "%s", g->mkl && mkl_has_bf16(g->mkl) ? "mkl" : "onednn");
     if (g->bf16_tiles)
         snprintf(g->bf16_detail, sizeof g->bf16_detail, "AMX tiles (stepscope's blocked kernel) where M and N are "
                  "multiples of 32 and K at most 8192, else %s", library_bf16);
     else
         snprintf(g->bf16_detail, sizeof g->bf16_detail, "%s", library_bf16);
-    if (dnnl_engine_create(&g->engine, dnnl_cpu, 0) != dnnl_success ||
-        dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags) != dnnl_success) {
-        snprintf(err, errlen, "oneDNN could not create a CPU engine (is libdnnl2 installed?)");
-        free(g);
-        return NULL;
-    }
     return g;
 }
 
 const char *gemm_library_name(const gemm_ctx_t *g) { return g->mkl ? "mkl" : "onednn"; }
 const char *gemm_library_detail(const gemm_ctx_t *g) { return g->detail; }
 const char *gemm_bf16_detail(const gemm_ctx_t *g) { return g->bf16_detail; }
-bool gemm_bf16_reserve(gemm_ctx_t *g, int threads) { return !g->bf16_tiles || tile_work_for(g, threads); }
+bool gemm_bf16_reserve(gemm_ctx_t *g, int threads) {
+    return (!g->bf16_tiles || tile_work_for(g, threads)) && (!g->bf16_widens || widen_work_ready(g));
+}
 bool gemm_bf16_tiles(const gemm_ctx_t *g) { return g->bf16_tiles; }
 bool gemm_wide_gradients_slow(const gemm_ctx_t *g) { return !g->mkl; }
 bool gemm_suits_attention_blocks(const gemm_ctx_t *g) { return g->mkl != NULL; }
@@ -108,6 +139,7 @@ void gemm_destroy(gemm_ctx_t *g) {
     }
     free(g->entries);
     free(g->tile_work);
+    free(g->widen_work);
     dnnl_stream_destroy(g->stream);
     dnnl_engine_destroy(g->engine);
     free(g);
@@ -135,36 +167,13 @@ static void matrix_desc(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, int6
     check(dnnl_memory_desc_init_by_strides(md, 2, dims, type, strides), "memory desc");
 }
 
-bool gemm_bf16_supported(gemm_ctx_t *g) {
-    if (g->mkl && mkl_has_bf16(g->mkl)) return true;
-    /* oneDNN has bf16 matmul kernels only for AVX512 (BF16 instructions, or emulated on
-     * AVX512-core) and AMX; elsewhere creating the primitive fails, so try one. */
-    dnnl_memory_desc_t a_md, b_md, c_md;
-    matrix_desc(&a_md, 16, 16, 16, false, dnnl_bf16);
-    matrix_desc(&b_md, 16, 16, 16, false, dnnl_bf16);
-    matrix_desc(&c_md, 16, 16, 16, false, dnnl_f32);
-    dnnl_matmul_desc_t desc;
-    dnnl_primitive_desc_t pd;
-    if (dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md) != dnnl_success ||
-        dnnl_primitive_desc_create(&pd, &desc, NULL, g->engine, NULL) != dnnl_success)
-        return false;
-    dnnl_primitive_desc_destroy(pd);
-    return true;
-}
-
-static gemm_entry_t *create_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
-    if (g->num_entries == g->cap_entries) {
-        int cap = g->cap_entries ? 2 * g->cap_entries : 32;
-        gemm_entry_t *e = realloc(g->entries, (size_t)cap * sizeof *e);
-        if (!e) {
-            fprintf(stderr, "stepscope: out of memory caching GEMM primitives\n");
-            abort();
-        }
-        g->entries = e;
-        g->cap_entries = cap;
-    }
-    gemm_entry_t *e = &g->entries[g->num_entries];
-    *e = *key;
+/* The matmul primitive descriptor for this shape, or NULL where oneDNN would run it on anything
+ * but its brgemm kernels: its gemm driver ("gemm:jit", every fp32 product on AVX2-only CPUs)
+ * splits products over K by thread count (small M·N, large K: the tiny model's 64x512:512x64
+ * weight gradients moved in the 9th digit between 1 and 2 threads on a Zen 3), so those run
+ * in panels of our own (run_panels); and where it has no bf16 kernel at all (CPUs without
+ * AVX512) or only that driver's, bf16 products are widened to fp32 (gemm_widen.h). */
+static dnnl_primitive_desc_t brgemm_pd(gemm_ctx_t *g, const gemm_entry_t *key) {
     dnnl_memory_desc_t a_md, b_md, c_md;
     dnnl_data_type_t in_type = key->bf16_inputs ? dnnl_bf16 : dnnl_f32;
     matrix_desc(&a_md, key->M, key->K, key->lda, key->trans_a, in_type);
@@ -181,16 +190,69 @@ static gemm_entry_t *create_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
         check(dnnl_primitive_attr_set_post_ops(attr, po), "set post ops");
         dnnl_post_ops_destroy(po);
     }
-    dnnl_primitive_desc_t pd;
-    check(dnnl_primitive_desc_create(&pd, &desc, attr, g->engine, NULL), "matmul primitive desc");
-    check(dnnl_primitive_create(&e->prim, pd), "matmul primitive");
-    dnnl_primitive_desc_destroy(pd);
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t s = dnnl_primitive_desc_create(&pd, &desc, attr, g->engine, NULL);
     dnnl_primitive_attr_destroy(attr);
-    check(dnnl_memory_create(&e->mem_a, &a_md, g->engine, DNNL_MEMORY_NONE), "memory a");
-    check(dnnl_memory_create(&e->mem_b, &b_md, g->engine, DNNL_MEMORY_NONE), "memory b");
-    check(dnnl_memory_create(&e->mem_c, &c_md, g->engine, DNNL_MEMORY_NONE), "memory c");
+    if (s != dnnl_success) {
+        if (!key->bf16_inputs) check(s, "matmul primitive desc");
+        return NULL;
+    }
+    const char *impl = NULL;
+    check(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl), "impl query");
+    if (strncmp(impl, "brg:", 4) != 0) {
+        dnnl_primitive_desc_destroy(pd);
+        return NULL;
+    }
+    return pd;
+}
+
+static dnnl_memory_t memory_of(dnnl_primitive_desc_t pd, dnnl_query_t what, dnnl_engine_t engine) {
+    dnnl_memory_t m;
+    check(dnnl_memory_create(&m, dnnl_primitive_desc_query_md(pd, what, 0), engine, DNNL_MEMORY_NONE), "memory");
+    return m;
+}
+
+static gemm_entry_t *create_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
+    if (g->num_entries == g->cap_entries) {
+        int cap = g->cap_entries ? 2 * g->cap_entries : 32;
+        gemm_entry_t *e = realloc(g->entries, (size_t)cap * sizeof *e);
+        if (!e) {
+            fprintf(stderr, "stepscope: out of memory caching GEMM primitives\n");
+            abort();
+        }
+        g->entries = e;
+        g->cap_entries = cap;
+    }
+    gemm_entry_t *e = &g->entries[g->num_entries];
+    *e = *key;
+    dnnl_primitive_desc_t pd = brgemm_pd(g, key);
+    if (pd) {
+        check(dnnl_primitive_create(&e->prim, pd), "matmul primitive");
+        e->mem_a = memory_of(pd, dnnl_query_src_md, g->engine);
+        e->mem_b = memory_of(pd, dnnl_query_weights_md, g->engine);
+        e->mem_c = memory_of(pd, dnnl_query_dst_md, g->engine);
+        dnnl_primitive_desc_destroy(pd);
+    }
     g->num_entries++;
     return e;
+}
+
+/* Whether oneDNN runs bf16 products on its brgemm kernels here, judged on one square shape. */
+static bool onednn_has_bf16(gemm_ctx_t *g) {
+    gemm_entry_t probe = {.bf16_inputs = true, .M = 64, .N = 64, .K = 64, .lda = 64, .ldb = 64, .ldc = 64};
+    dnnl_primitive_desc_t pd = brgemm_pd(g, &probe);
+    bool has = pd != NULL;
+    dnnl_primitive_desc_destroy(pd);
+    return has;
+}
+
+static void widen_bf16(gemm_ctx_t *g, const gemm_entry_t *key, const uint16_t *A, const uint16_t *B, float *C) {
+    if (!widen_work_ready(g)) {
+        fprintf(stderr, "stepscope: out of memory for the bf16 widening space\n");
+        abort();
+    }
+    gemm_bf16_widened(g, g->widen_work, key->trans_a, key->trans_b, key->M, key->N, key->K, A, key->lda, B, key->ldb,
+                      C, key->ldc, key->accumulate);
 }
 
 static bool same_shape(const gemm_entry_t *a, const gemm_entry_t *b) {
@@ -213,6 +275,65 @@ static gemm_entry_t *find_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
     return e;
 }
 
+/* Panels of C for the products oneDNN would run on its gemm driver: each runs as one
+ * single-threaded dnnl_sgemm (oneDNN runs on one thread inside a parallel region, and where
+ * its team is one thread), summing its whole K in the driver's own order, and the panels'
+ * number and size follow from the shape alone, so the bits never depend on the thread count.
+ * The longer side of a panel is halved (to a multiple of 16 rows or columns) while there are
+ * at most PANELS_MAX panels, each of at least PANEL_MIN_FLOPS, and the halves stay on the
+ * driver's packing ("copy") kernels wherever the whole was on them: for 1/rows + 1/cols at or
+ * above a threshold (0.0038 with AVX2, 0.00196 with AVX512 in oneDNN 2.6's gemm_driver.cpp) it
+ * takes its no-copy kernels, which ran the qwen3-0.6b shapes at half the rate (a [1024 × 1024 ×
+ * 4096] product in 512 × 512 panels: 71-85 GFLOP/s on 2 Zen 3 cores, in 1024 × 512 ones 155-166). */
+enum { PANELS_MAX = 16, PANEL_ALIGN = 16 };
+static const double PANEL_MIN_FLOPS = 4e6;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static bool copy_kernels(const gemm_ctx_t *g, int64_t rows, int64_t cols) {
+    return 1.0 / (double)rows + 1.0 / (double)cols < g->nocopy_threshold;
+}
+
+static void panel_grid(const gemm_ctx_t *g, int64_t M, int64_t N, int64_t K, int64_t *rows, int64_t *cols) {
+    int64_t r = M, c = N;
+    for (;;) {
+        bool split_rows = r >= c;
+        int64_t side = split_rows ? r : c;
+        int64_t half = ceil_div(ceil_div(side, 2), PANEL_ALIGN) * PANEL_ALIGN;
+        int64_t hr = split_rows ? half : r, hc = split_rows ? c : half;
+        if (half >= side || ceil_div(M, hr) * ceil_div(N, hc) > PANELS_MAX ||
+            2.0 * (double)hr * (double)hc * (double)K < PANEL_MIN_FLOPS ||
+            (copy_kernels(g, r, c) && !copy_kernels(g, hr, hc)))
+            break;
+        r = hr, c = hc;
+    }
+    *rows = r, *cols = c;
+}
+
+static void run_panels(const gemm_ctx_t *g, const gemm_entry_t *key, const float *A, const float *B, float *C) {
+    int64_t rows, cols;
+    panel_grid(g, key->M, key->N, key->K, &rows, &cols);
+    int64_t grid_n = ceil_div(key->N, cols), panels = ceil_div(key->M, rows) * grid_n;
+    int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (team > panels) team = (int)panels;
+#pragma omp parallel num_threads(team)
+    {
+        /* This region's own setting: where it runs on one thread, oneDNN would otherwise size
+         * its team from the caller's num_threads. */
+        omp_set_num_threads(1);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t p = 0; p < panels; p++) {
+            int64_t i0 = p / grid_n * rows, j0 = p % grid_n * cols;
+            int64_t m = key->M - i0 < rows ? key->M - i0 : rows, n = key->N - j0 < cols ? key->N - j0 : cols;
+            const float *a = key->trans_a ? A + i0 : A + i0 * key->lda;
+            const float *b = key->trans_b ? B + j0 * key->ldb : B + j0;
+            check(dnnl_sgemm(key->trans_a ? 'T' : 'N', key->trans_b ? 'T' : 'N', m, n, key->K, 1.0f, a, key->lda, b,
+                             key->ldb, key->accumulate ? 1.0f : 0.0f, C + i0 * key->ldc + j0, key->ldc),
+                  "sgemm");
+        }
+    }
+}
+
 static void run(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const void *B, float *C) {
     if (key->M == 0 || key->N == 0) return;
     if (key->K == 0) {
@@ -221,6 +342,13 @@ static void run(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const voi
         return;
     }
     gemm_entry_t *e = find_entry(g, key);
+    if (!e->prim) {
+        if (key->bf16_inputs)
+            widen_bf16(g, key, A, B, C);
+        else
+            run_panels(g, key, A, B, C);
+        return;
+    }
     check(dnnl_memory_set_data_handle(e->mem_a, (void *)A), "set A");
     check(dnnl_memory_set_data_handle(e->mem_b, (void *)B), "set B");
     check(dnnl_memory_set_data_handle(e->mem_c, C), "set C");

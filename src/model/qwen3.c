@@ -290,8 +290,10 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
         qwen3_destroy(m);
         return NULL;
     }
+    const char *no_bf16_space = "out of memory for the bf16 matmuls' packing and widening space (a few MiB a "
+                                "thread); lower num_threads";
     if (opt->bf16 && !gemm_bf16_reserve(gemm, opt->num_threads)) {
-        snprintf(err, errlen, "out of memory for the bf16 matmuls' packing space (3 MiB a thread); lower num_threads");
+        snprintf(err, errlen, "%s", no_bf16_space);
         qwen3_destroy(m);
         return NULL;
     }
@@ -306,11 +308,20 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
             qwen3_destroy(m);
             return NULL;
         }
-        for (int t = 0; t < opt->num_threads; t++)
+        /* Each runs its thread's block products alone (inside attention's parallel region), so
+         * each reserves for one thread: without AMX its bf16 products are widened in its own
+         * scratch. */
+        for (int t = 0; t < opt->num_threads; t++) {
             if (!(m->thread_gemm[t] = gemm_create(opt->gemm_library, err, errlen))) {
                 qwen3_destroy(m);
                 return NULL;
             }
+            if (opt->bf16 && !gemm_bf16_reserve(m->thread_gemm[t], 1)) {
+                snprintf(err, errlen, "%s", no_bf16_space);
+                qwen3_destroy(m);
+                return NULL;
+            }
+        }
     }
     int64_t T = d->B * d->S;
     m->stream = acts;

@@ -39,12 +39,6 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         train_state_destroy(s);
         return 1;
     }
-    if (plan->bf16 && !gemm_bf16_supported(s->gemm)) {
-        snprintf(err, errlen, "dtype=bfloat16 needs bf16 matmuls (AVX512 or AMX), which this CPU does not offer; "
-                 "use dtype=float32");
-        train_state_destroy(s);
-        return 1;
-    }
     if (cfg->load_parameters_path[0]) {
         if (qwen3_load_safetensors(s->params, d, cfg->load_parameters_path, err, errlen) != 0) {
             train_state_destroy(s);
