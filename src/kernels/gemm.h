@@ -66,10 +66,12 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
 const char *gemm_bf16_detail(const gemm_ctx_t *g);
 bool gemm_bf16_tiles(const gemm_ctx_t *g);
 
-/* Allocates and touches what gemm_bf16 needs for a team of `threads` (the AMX kernel's packing
- * space, 3 MiB a thread; the widening scratch, 4.1 MiB a context), so that no step allocates or
- * faults it in; false when out of memory. Without it the first product allocates. */
-bool gemm_bf16_reserve(gemm_ctx_t *g, int threads);
+/* Allocates and touches what this context's products need for a team of `threads` (with bf16,
+ * the AMX kernel's packing space, 3 MiB a thread; the widening and staging scratch of
+ * gemm_widen.h, 4.1 MiB a context, where bf16 products are widened or fp32 ones staged), so
+ * that no step allocates or faults it in; false when out of memory. Without it the first
+ * product allocates. */
+bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16);
 
 /* Reference: the same contract in plain loops (float accumulation in double), for tests. */
 void gemm_f32_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -35,7 +35,9 @@ struct gemm_ctx {
     bf16_t *tile_work;     /* its packing space, for tile_work_threads threads */
     int tile_work_threads;
     double nocopy_threshold; /* run_panels' copy_kernels() */
+    bool avx512;             /* oneDNN's ISA: fp32 products on its brgemm kernels */
     bool bf16_widens;      /* no library runs bf16 products here: gemm_widen.h does */
+    bool f32_stages;       /* oneDNN's gemm driver runs fp32 here, some products staged (gemm_widen.h) */
     float *widen_work;     /* its scratch, GEMM_WIDEN_FLOATS */
     char detail[600], bf16_detail[400];
 };
@@ -88,6 +90,8 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     }
     bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
     g->nocopy_threshold = avx512 ? 0.00196 : 0.0038;
+    g->avx512 = avx512;
+    g->f32_stages = !g->mkl && !avx512;
     g->bf16_widens = !(g->mkl && mkl_has_bf16(g->mkl)) && !onednn_has_bf16(g);
     if (g->mkl)
         snprintf(g->detail, sizeof g->detail, "mkl (%s%s)", mkl_blas_path(g->mkl),
@@ -121,11 +125,14 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
 const char *gemm_library_name(const gemm_ctx_t *g) { return g->mkl ? "mkl" : "onednn"; }
 const char *gemm_library_detail(const gemm_ctx_t *g) { return g->detail; }
 const char *gemm_bf16_detail(const gemm_ctx_t *g) { return g->bf16_detail; }
-bool gemm_bf16_reserve(gemm_ctx_t *g, int threads) {
-    return (!g->bf16_tiles || tile_work_for(g, threads)) && (!g->bf16_widens || widen_work_ready(g));
+bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16) {
+    bool tiles = !bf16 || !g->bf16_tiles || tile_work_for(g, threads);
+    return tiles && (!(bf16 ? g->bf16_widens : g->f32_stages) || widen_work_ready(g));
 }
 bool gemm_bf16_tiles(const gemm_ctx_t *g) { return g->bf16_tiles; }
-bool gemm_wide_gradients_slow(const gemm_ctx_t *g) { return !g->mkl; }
+/* oneDNN's brgemm kernels (AVX512) ran those forms at half rate; its gemm driver (AVX2) and MKL
+ * run them like the others (down_proj's gradients 148-164 GFLOP/s on 2 Zen 3 cores). */
+bool gemm_wide_gradients_slow(const gemm_ctx_t *g) { return !g->mkl && g->avx512; }
 bool gemm_suits_attention_blocks(const gemm_ctx_t *g) { return g->mkl != NULL; }
 
 void gemm_destroy(gemm_ctx_t *g) {
@@ -334,6 +341,16 @@ static void run_panels(const gemm_ctx_t *g, const gemm_entry_t *key, const float
     }
 }
 
+/* fp32 products the gemm driver would run on its no-copy kernels with an operand's rows a
+ * multiple of 2 KiB: those rows crowd a few L1 sets, and the LM head's input gradient (dlogits ·
+ * W, 352 × 1024 at K = 151936, W's rows 4 KiB) ran at 72 GFLOP/s on 2 Zen 3 cores where the
+ * same product staged in padded blocks ran at 143 (its bf16 twin, widened; gemm_shapes). The
+ * staged blocks' rows are padded, so their own products are never staged again. */
+static bool stage_f32(gemm_ctx_t *g, const gemm_entry_t *key) {
+    return g->f32_stages && !copy_kernels(g, key->M, key->N) && key->M >= PANEL_ALIGN && key->N >= PANEL_ALIGN &&
+           (gemm_staged_pads(key->lda) || gemm_staged_pads(key->ldb)) && widen_work_ready(g);
+}
+
 static void run(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const void *B, float *C) {
     if (key->M == 0 || key->N == 0) return;
     if (key->K == 0) {
@@ -345,6 +362,9 @@ static void run(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const voi
     if (!e->prim) {
         if (key->bf16_inputs)
             widen_bf16(g, key, A, B, C);
+        else if (stage_f32(g, key))
+            gemm_f32_staged(g, g->widen_work, key->trans_a, key->trans_b, key->M, key->N, key->K, A, key->lda, B,
+                            key->ldb, C, key->ldc, key->accumulate);
         else
             run_panels(g, key, A, B, C);
         return;

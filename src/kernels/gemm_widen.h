@@ -5,8 +5,11 @@
  * The operands are widened block by block into a fixed scratch (never a whole operand: the LM
  * head's weight would be 622 MB in fp32), and the blocks' sizes follow from the shape alone, so
  * the result is the same for any thread count and any context.
+ * The same blocks serve fp32 products that oneDNN's gemm driver would run on its no-copy
+ * kernels with an operand's rows a multiple of 2 KiB (the LM head's input gradient on AVX2,
+ * dlogits · W with W's rows 4 KiB): copied into padded blocks they ran at twice the rate.
  *
- * The contract is gemm_bf16's (kernels/gemm.h). */
+ * The contract is gemm_bf16's or gemm_f32's (kernels/gemm.h). */
 #ifndef STEPSCOPE_GEMM_WIDEN_H
 #define STEPSCOPE_GEMM_WIDEN_H
 
@@ -24,5 +27,12 @@ enum { GEMM_WIDEN_BUDGET = 1 << 20, GEMM_WIDEN_FLOATS = GEMM_WIDEN_BUDGET + GEMM
 void gemm_bf16_widened(gemm_ctx_t *g, float *scratch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                        const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc,
                        bool accumulate);
+
+/* The same with fp32 operands, copied into the padded blocks. */
+void gemm_f32_staged(gemm_ctx_t *g, float *scratch, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     const float *A, int64_t lda, const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate);
+
+/* Whether a row stride is one gemm_f32_staged pads (a multiple of 2 KiB). */
+bool gemm_staged_pads(int64_t ld);
 
 #endif

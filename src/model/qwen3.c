@@ -290,10 +290,10 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
         qwen3_destroy(m);
         return NULL;
     }
-    const char *no_bf16_space = "out of memory for the bf16 matmuls' packing and widening space (a few MiB a "
+    const char *no_gemm_space = "out of memory for the matmuls' packing and widening space (a few MiB a "
                                 "thread); lower num_threads";
-    if (opt->bf16 && !gemm_bf16_reserve(gemm, opt->num_threads)) {
-        snprintf(err, errlen, "%s", no_bf16_space);
+    if (!gemm_reserve(gemm, opt->num_threads, opt->bf16)) {
+        snprintf(err, errlen, "%s", no_gemm_space);
         qwen3_destroy(m);
         return NULL;
     }
@@ -316,8 +316,8 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
                 qwen3_destroy(m);
                 return NULL;
             }
-            if (opt->bf16 && !gemm_bf16_reserve(m->thread_gemm[t], 1)) {
-                snprintf(err, errlen, "%s", no_bf16_space);
+            if (!gemm_reserve(m->thread_gemm[t], 1, opt->bf16)) {
+                snprintf(err, errlen, "%s", no_gemm_space);
                 qwen3_destroy(m);
                 return NULL;
             }

@@ -118,18 +118,21 @@ double peak_probe_tflops(bool bf16, int num_threads, double seconds) {
 }
 
 const char *peak_probe_method(bool bf16) {
-    (void)bf16; /* only read where the CPU has a bf16 unit to probe */
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
     if (bf16 && amx_available()) return "probe: 4 independent AMX tile bf16 dot-product (tdpbf16ps) chains per compute thread, best of 5 rounds";
 #endif
 #if defined(__AVX512BF16__)
     if (bf16) return "probe: 12 independent 512-bit bf16 dot-product (vdpbf16ps) chains per compute thread, best of 5 rounds";
 #endif
+    /* Without a bf16 unit the bf16 products are widened to fp32 and run at its rate. */
 #if defined(__AVX512F__)
-    return "probe: 12 independent 512-bit fp32 FMA chains per compute thread, best of 5 rounds";
+    return bf16 ? "probe: no bf16 unit, so the fp32 rate: 12 independent 512-bit FMA chains per compute thread, best of 5 rounds"
+                : "probe: 12 independent 512-bit fp32 FMA chains per compute thread, best of 5 rounds";
 #elif VF_LANES
-    return "probe: 12 independent 256-bit fp32 FMA chains per compute thread, best of 5 rounds";
+    return bf16 ? "probe: no bf16 unit, so the fp32 rate: 12 independent 256-bit FMA chains per compute thread, best of 5 rounds"
+                : "probe: 12 independent 256-bit fp32 FMA chains per compute thread, best of 5 rounds";
 #else
-    return "probe: vectorised fp32 multiply-add chains per compute thread, best of 5 rounds";
+    return bf16 ? "probe: no bf16 unit, so the fp32 rate: vectorised multiply-add chains per compute thread, best of 5 rounds"
+                : "probe: vectorised fp32 multiply-add chains per compute thread, best of 5 rounds";
 #endif
 }
