@@ -31,7 +31,7 @@ static int64_t panel_floats(const attn_shape_t *a) {
 }
 static int64_t stack_rows(const attn_shape_t *a) { return a->H / a->KV * ATTN_QBLOCK; }
 static int64_t per_thread_floats(const attn_shape_t *a) {
-    return 2 * stack_rows(a) * strided_s(a->S) + 3 * stack_rows(a) * a->HD + 2 * a->S * a->HD;
+    return 2 * stack_rows(a) * strided_s(a->S) + 3 * stack_rows(a) * a->HD + 2 * a->S * a->HD + stack_rows(a);
 }
 
 int64_t attention_scratch_floats(const attn_shape_t *a, int num_threads) {
@@ -221,12 +221,26 @@ static void block_nt(gemm_ctx_t *g, int64_t M, int64_t N, int64_t K, float alpha
     else microgemm_packed_b(M, N, K, alpha, A, lda, 1, panels, K * PANEL, C, ldc, false);
 }
 
+/* block_nt against keys [k0, k0 + N) only (k0 a multiple of PANEL): B's rows, or its panels,
+ * from there. */
+static void block_nt_keys(gemm_ctx_t *g, int64_t M, int64_t k0, int64_t N, int64_t K, float alpha, const float *A,
+                          int64_t lda, const float *rows, const float *panels, float *C, int64_t ldc) {
+    block_nt(g, M, N, K, alpha, A, lda, rows + k0 * K, panels + k0 * K, C, ldc);
+}
+
 /* C[M, HD] = A[M, K]·B[K, HD] with B the K or V rows [S, HD] (library) or their packed
  * panels (micro-GEMM, S·PANEL per panel). */
 static void block_nn(gemm_ctx_t *g, int64_t M, int64_t HD, int64_t K, int64_t S, const float *A, int64_t lda,
                      const float *rows_or_panels, float *C, int64_t ldc) {
     if (g) gemm_f32(g, false, false, M, HD, K, A, lda, rows_or_panels, HD, C, ldc, false);
     else microgemm_packed_b(M, HD, K, 1.0f, A, lda, 1, rows_or_panels, S * PANEL, C, ldc, false);
+}
+
+/* C (+)= A·B over keys [k0, k0 + K) of the K rows [S, HD] (library) or their packed panels. */
+static void block_nn_keys(gemm_ctx_t *g, int64_t M, int64_t HD, int64_t k0, int64_t K, int64_t S, const float *A,
+                          int64_t lda, const float *rows_or_panels, float *C, int64_t ldc, bool accumulate) {
+    if (g) gemm_f32(g, false, false, M, HD, K, A, lda, rows_or_panels + k0 * HD, HD, C, ldc, accumulate);
+    else microgemm_packed_b(M, HD, K, 1.0f, A, lda, 1, rows_or_panels + k0 * PANEL, S * PANEL, C, ldc, accumulate);
 }
 
 /* C[kend, HD] += Aᵀ·B with A [M, kend] (row stride lda) and B [M, HD]. */
@@ -275,7 +289,7 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
     const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, group = a->H / a->KV;
     const int64_t qblocks = (S + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
     const float scale = 1.0f / sqrtf((float)HD);
-    const int64_t ls = strided_s(S);
+    const int64_t ls = strided_s(S), lc = strided_s(S < ATTN_KCHUNK ? S : ATTN_KCHUNK);
     pack_kv(scratch, a, k, ld_k, v, ld_v, true, thread_gemm != NULL);
     /* One task per (batch, kv head): it alone writes that head's dk and dv, summing over its
      * query blocks in a fixed order, so no atomics and the same bits for any thread count. */
@@ -290,29 +304,38 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
          * rows sit a fused row apart (16 KiB), and every block product read and wrote C there. */
         float *dkp = dq_stack + max_rows * HD, *dvp = dkp + S * HD;
         memset(dkp, 0, (size_t)(2 * S * HD) * sizeof(float));
+        float *di = dvp + S * HD; /* the query block's Σ dO·O, one per stacked row */
         const float *kp = kc_of(scratch, a, b, kvh), *vp = v_of(scratch, a, b, kvh), *ktp = kt_of(scratch, a, b, kvh);
         for (int64_t qb = 0; qb < qblocks; qb++) {
             int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK;
             int64_t kend = i0 + nq, rows = group * nq;
             stack_heads(q_stack, q, ld_q, b * S + i0, h0, group, nq, HD);
             stack_heads(do_stack, dout, ld_dout, b * S + i0, h0, group, nq, HD);
-            /* Scores and dP = dO·Vᵀ, then row by row, in place, P (recomputed from the lse) and
-             * dS = P∘(dP − Σ dO·O), times the score scale here so the products below need no
-             * alpha (the micro-GEMM's scores already carry it). */
-            block_nt(g, rows, kend, HD, scale, q_stack, HD, kp, ktp, p, ls);
-            block_nt(g, rows, kend, HD, 1.0f, do_stack, HD, vp, vp, dp, ls); /* V rows or Vᵀ panels */
-            for (int64_t r = 0; r < rows; r++) {
-                int64_t gi = r / nq, ri = r % nq;
-                const float *orow = out + (b * S + i0 + ri) * ld_out + (h0 + gi) * HD;
-                float di = attention_row_dot(do_stack + r * HD, orow, HD);
-                attention_p_ds_chunk(p + r * ls, dp + r * ls, p + r * ls, dp + r * ls, 0, kend, i0 + ri + 1,
-                                     g ? scale : 1.0f, lse[(b * H + h0 + gi) * S + i0 + ri], scale, di);
+            for (int64_t r = 0; r < rows; r++)
+                di[r] = attention_row_dot(do_stack + r * HD, out + (b * S + i0 + r % nq) * ld_out + (h0 + r / nq) * HD, HD);
+            /* Keys ATTN_KCHUNK at a time, so the strips a chunk's five products read and write
+             * are [rows × ATTN_KCHUNK] (144 KiB each for qwen3's 256 stacked rows) where whole
+             * rows of keys were [rows × S] (1 MiB at S = 1024): dK and dV walk them down a
+             * column. Per chunk: scores and dP = dO·Vᵀ, then row by row, in place, P (recomputed
+             * from the lse) and dS = P∘(dP − Σ dO·O), times the score scale here so the products
+             * below need no alpha (the micro-GEMM's scores already carry it); then dQ += dS·K,
+             * summed over the chunks in order, and the chunk's dK += dSᵀ·Q, dV += Pᵀ·dO. */
+            for (int64_t k0 = 0; k0 < kend; k0 += ATTN_KCHUNK) {
+                int64_t kw = kend - k0 < ATTN_KCHUNK ? kend - k0 : ATTN_KCHUNK;
+                block_nt_keys(g, rows, k0, kw, HD, scale, q_stack, HD, kp, ktp, p, lc);
+                block_nt_keys(g, rows, k0, kw, HD, 1.0f, do_stack, HD, vp, vp, dp, lc); /* V rows or Vᵀ panels */
+                for (int64_t r = 0; r < rows; r++) {
+                    int64_t gi = r / nq, ri = r % nq;
+                    /* scores and dP are indexed by key, from k0 on: the chunk's column 0 */
+                    attention_p_ds_chunk(p + r * lc, dp + r * lc, p + r * lc - k0, dp + r * lc - k0, k0, kw,
+                                         i0 + ri + 1, g ? scale : 1.0f, lse[(b * H + h0 + gi) * S + i0 + ri], scale,
+                                         di[r]);
+                }
+                block_nn_keys(g, rows, HD, k0, kw, S, dp, lc, kp, dq_stack, HD, k0 > 0);
+                block_tn_acc(g, kw, HD, rows, dp, lc, q_stack, dkp + k0 * HD, HD);
+                block_tn_acc(g, kw, HD, rows, p, lc, do_stack, dvp + k0 * HD, HD);
             }
-            /* dQ = dS·K, dK += dSᵀ·Q, dV += Pᵀ·dO */
-            block_nn(g, rows, HD, kend, S, dp, ls, kp, dq_stack, HD);
             unstack_heads(dq, ld_dq, dq_stack, b * S + i0, h0, group, nq, HD);
-            block_tn_acc(g, kend, HD, rows, dp, ls, q_stack, dkp, HD);
-            block_tn_acc(g, kend, HD, rows, p, ls, do_stack, dvp, HD);
         }
         for (int64_t s = 0; s < S; s++) {
             memcpy(dk + (b * S + s) * ld_dk + kvh * HD, dkp + s * HD, (size_t)HD * sizeof(float));

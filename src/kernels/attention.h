@@ -14,6 +14,8 @@
 #include "kernels/gemm.h"
 
 enum { ATTN_QBLOCK = 128, ATTN_QBLOCK_BF16 = 128 };
+/* The fp32 backward's keys per pass (a multiple of 32): see attention_backward. */
+enum { ATTN_KCHUNK = 128 };
 
 typedef struct attn_shape {
     int64_t B, S, H, KV, HD;
