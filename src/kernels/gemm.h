@@ -18,11 +18,13 @@ typedef struct gemm_ctx gemm_ctx_t;
  *   ONEDNN  oneDNN's matmul primitive (Debian's libdnnl), on every x86-64 CPU; where it would
  *           run a product on its gemm driver rather than its brgemm kernels (every fp32 product
  *           without AVX512), in panels of single-threaded dnnl_sgemm fixed by the shape, since
- *           that driver splits K by thread count (gemm_dnnl.c);
+ *           that driver splits K by thread count, and those its no-copy kernels would take with
+ *           rows a multiple of 2 KiB staged in padded blocks first (gemm_dnnl.c, gemm_widen.h);
  *   MKL     Intel oneMKL's cblas_sgemm / cblas_gemm_bf16bf16f32, loaded at run time (gemm_mkl.h);
  *   AUTO    MKL on Intel CPUs where it loads, else oneDNN. On the Intel Xeon (AMX) VM MKL ran
  *           the qwen3-0.6b shapes 1.18x faster in fp32 and 1.42x in bf16 (bench/gemm_shapes);
- *           MKL's fast paths are Intel-only, so AMD keeps oneDNN. On CPUs with AMX, AUTO also
+ *           MKL's fast paths are Intel-only, so AMD keeps oneDNN (on the AVX2-only Zen 3 MKL's
+ *           Zen kernels ran a step's worth 0.88-0.92x oneDNN's panels). On CPUs with AMX, AUTO also
  *           runs bf16 products whose M and N are multiples of 32 on our blocked tile kernel
  *           (amx_gemm.h), which beat MKL's there. */
 typedef enum { GEMM_LIB_AUTO, GEMM_LIB_ONEDNN, GEMM_LIB_MKL } gemm_library_t;
