@@ -53,7 +53,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=1, help="rounds of all runs, interleaved")
     ap.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma list of {', '.join(RUNS)}")
     ap.add_argument("--peak", type=float, default=0.446, help="fp32 peak TFLOP/s (this machine's 2 cores: 0.446)")
-    ap.add_argument("--bf16-peak", type=float, default=None, help="bf16 peak TFLOP/s; default 2 x --peak")
+    ap.add_argument("--bf16-peak", type=float, default=None,
+                    help="bf16 peak TFLOP/s; default 2 x --peak where the CPU has a bf16 unit (AVX512-BF16 or AMX), "
+                         "else --peak (stepscope emulates bf16 at the fp32 rate there)")
     ap.add_argument("--memory-cap-gib", type=float, default=None,
                     help="kill a torch child past this RSS; default and upper bound: available memory less 1 GiB")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -68,7 +70,7 @@ def main():
     unknown = [r for r in runs if r not in RUNS]
     if unknown:
         ap.error(f"unknown run {unknown[0]!r}; choose from {', '.join(RUNS)}")
-    bf16_peak = a.bf16_peak or 2 * a.peak
+    bf16_peak = a.bf16_peak or (2 * a.peak if cpu_has_bf16_unit() else a.peak)
     if a.passive:
         os.environ["OMP_WAIT_POLICY"] = "passive"
     bl.build()
@@ -132,6 +134,16 @@ def summarise(reps):
             "others": max(r["others_cores"] for r in ok),
             "steps": len(ok[0]["seconds"]), "repeats": len(ok), "loss": ok[0]["losses"][:3],
             "cmds": [r["cmd"] for r in ok]}
+
+
+def cpu_has_bf16_unit():
+    """Whether /proc/cpuinfo lists a bf16 dot-product unit (AVX512-BF16 or AMX-BF16)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return True
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def print_tables(a, configs, runs, results, plans, bf16_peak):
