@@ -228,17 +228,10 @@ static void block_nt_keys(gemm_ctx_t *g, int64_t M, int64_t k0, int64_t N, int64
     block_nt(g, M, N, K, alpha, A, lda, rows + k0 * K, panels + k0 * K, C, ldc);
 }
 
-/* C[M, HD] = A[M, K]·B[K, HD] with B the K or V rows [S, HD] (library) or their packed
- * panels (micro-GEMM, S·PANEL per panel). */
-static void block_nn(gemm_ctx_t *g, int64_t M, int64_t HD, int64_t K, int64_t S, const float *A, int64_t lda,
-                     const float *rows_or_panels, float *C, int64_t ldc) {
-    if (g) gemm_f32(g, false, false, M, HD, K, A, lda, rows_or_panels, HD, C, ldc, false);
-    else microgemm_packed_b(M, HD, K, 1.0f, A, lda, 1, rows_or_panels, S * PANEL, C, ldc, false);
-}
-
-/* C (+)= A·B over keys [k0, k0 + K) of the K rows [S, HD] (library) or their packed panels. */
-static void block_nn_keys(gemm_ctx_t *g, int64_t M, int64_t HD, int64_t k0, int64_t K, int64_t S, const float *A,
-                          int64_t lda, const float *rows_or_panels, float *C, int64_t ldc, bool accumulate) {
+/* C[M, HD] (+)= A[M, K]·B[K, HD] over keys [k0, k0 + K) of the K or V rows [S, HD] (library)
+ * or their packed panels (micro-GEMM, S·PANEL per panel). */
+static void block_nn(gemm_ctx_t *g, int64_t M, int64_t HD, int64_t k0, int64_t K, int64_t S, const float *A,
+                     int64_t lda, const float *rows_or_panels, float *C, int64_t ldc, bool accumulate) {
     if (g) gemm_f32(g, false, false, M, HD, K, A, lda, rows_or_panels + k0 * HD, HD, C, ldc, accumulate);
     else microgemm_packed_b(M, HD, K, 1.0f, A, lda, 1, rows_or_panels + k0 * PANEL, S * PANEL, C, ldc, accumulate);
 }
@@ -275,7 +268,7 @@ void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, i
         for (int64_t gi = 0; gi < group; gi++) /* per head: its own lse row, the same causal mask */
             attention_softmax_rows(strip + gi * nq * ls, ls, i0, nq, kend, g ? scale : 1.0f,
                                    lse + (b * H + h0 + gi) * S, inv_sum + gi * nq);
-        block_nn(g, rows, HD, kend, S, strip, ls, v_of(scratch, a, b, kvh), o_stack, HD);
+        block_nn(g, rows, HD, 0, kend, S, strip, ls, v_of(scratch, a, b, kvh), o_stack, HD, false);
         attention_scale_rows(o_stack, HD, rows, HD, inv_sum);
         unstack_heads(out, ld_out, o_stack, b * S + i0, h0, group, nq, HD);
     }
@@ -331,7 +324,7 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
                                          i0 + ri + 1, g ? scale : 1.0f, lse[(b * H + h0 + gi) * S + i0 + ri], scale,
                                          di[r]);
                 }
-                block_nn_keys(g, rows, HD, k0, kw, S, dp, lc, kp, dq_stack, HD, k0 > 0);
+                block_nn(g, rows, HD, k0, kw, S, dp, lc, kp, dq_stack, HD, k0 > 0);
                 block_tn_acc(g, kw, HD, rows, dp, lc, q_stack, dkp + k0 * HD, HD);
                 block_tn_acc(g, kw, HD, rows, p, lc, do_stack, dvp + k0 * HD, HD);
             }

@@ -37,7 +37,6 @@ struct gemm_ctx {
     double nocopy_threshold; /* run_panels' copy_kernels() */
     bool avx512;             /* oneDNN's ISA: fp32 products on its brgemm kernels */
     bool bf16_widens;      /* no library runs bf16 products here: gemm_widen.h does */
-    bool f32_stages;       /* oneDNN's gemm driver runs fp32 here, some products staged (gemm_widen.h) */
     float *widen_work;     /* its scratch, GEMM_WIDEN_FLOATS */
     char detail[600], bf16_detail[400];
 };
@@ -91,7 +90,6 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
     g->nocopy_threshold = avx512 ? 0.00196 : 0.0038;
     g->avx512 = avx512;
-    g->f32_stages = !g->mkl && !avx512;
     g->bf16_widens = !(g->mkl && mkl_has_bf16(g->mkl)) && !onednn_has_bf16(g);
     if (g->mkl)
         snprintf(g->detail, sizeof g->detail, "mkl (%s%s)", mkl_blas_path(g->mkl),
@@ -125,9 +123,13 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
 const char *gemm_library_name(const gemm_ctx_t *g) { return g->mkl ? "mkl" : "onednn"; }
 const char *gemm_library_detail(const gemm_ctx_t *g) { return g->detail; }
 const char *gemm_bf16_detail(const gemm_ctx_t *g) { return g->bf16_detail; }
+/* Whether oneDNN's gemm driver runs this context's fp32 products, some of them staged
+ * (gemm_widen.h): oneDNN without AVX512. */
+static bool f32_stages(const gemm_ctx_t *g) { return !g->mkl && !g->avx512; }
+
 bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16) {
     bool tiles = !bf16 || !g->bf16_tiles || tile_work_for(g, threads);
-    return tiles && (!(bf16 ? g->bf16_widens : g->f32_stages) || widen_work_ready(g));
+    return tiles && (!(bf16 ? g->bf16_widens : f32_stages(g)) || widen_work_ready(g));
 }
 bool gemm_bf16_tiles(const gemm_ctx_t *g) { return g->bf16_tiles; }
 /* oneDNN's brgemm kernels (AVX512) ran those forms at half rate; its gemm driver (AVX2) and MKL
@@ -347,7 +349,7 @@ static void run_panels(const gemm_ctx_t *g, const gemm_entry_t *key, const float
  * same product staged in padded blocks ran at 143 (its bf16 twin, widened; gemm_shapes). The
  * staged blocks' rows are padded, so their own products are never staged again. */
 static bool stage_f32(gemm_ctx_t *g, const gemm_entry_t *key) {
-    return g->f32_stages && !copy_kernels(g, key->M, key->N) && key->M >= PANEL_ALIGN && key->N >= PANEL_ALIGN &&
+    return f32_stages(g) && !copy_kernels(g, key->M, key->N) && key->M >= PANEL_ALIGN && key->N >= PANEL_ALIGN &&
            (gemm_staged_pads(key->lda) || gemm_staged_pads(key->ldb)) && widen_work_ready(g);
 }
 

@@ -126,13 +126,11 @@ const char *peak_probe_method(bool bf16) {
 #endif
     /* Without a bf16 unit the bf16 products are widened to fp32 and run at its rate. */
 #if defined(__AVX512F__)
-    return bf16 ? "probe: no bf16 unit, so the fp32 rate: 12 independent 512-bit FMA chains per compute thread, best of 5 rounds"
-                : "probe: 12 independent 512-bit fp32 FMA chains per compute thread, best of 5 rounds";
+#define FP32_PROBE "12 independent 512-bit fp32 FMA chains per compute thread, best of 5 rounds"
 #elif VF_LANES
-    return bf16 ? "probe: no bf16 unit, so the fp32 rate: 12 independent 256-bit FMA chains per compute thread, best of 5 rounds"
-                : "probe: 12 independent 256-bit fp32 FMA chains per compute thread, best of 5 rounds";
+#define FP32_PROBE "12 independent 256-bit fp32 FMA chains per compute thread, best of 5 rounds"
 #else
-    return bf16 ? "probe: no bf16 unit, so the fp32 rate: vectorised multiply-add chains per compute thread, best of 5 rounds"
-                : "probe: vectorised fp32 multiply-add chains per compute thread, best of 5 rounds";
+#define FP32_PROBE "vectorised fp32 multiply-add chains per compute thread, best of 5 rounds"
 #endif
+    return bf16 ? "probe: no bf16 unit, so the fp32 rate: " FP32_PROBE : "probe: " FP32_PROBE;
 }
