@@ -13,17 +13,7 @@
 
 #include "kernels/amx.h"
 #include "kernels/attention.h"
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static float *filled(int64_t n, unsigned seed) {
-    float *p = malloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) p[i] = (float)((i * 2654435761u + seed) % 2001) * 1e-3f - 1.0f;
-    return p;
-}
+#include "benchutil.h"
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 5;
@@ -59,10 +49,10 @@ int main(int argc, char **argv) {
     if (!have_amx) printf("bf16 on AMX tiles not measured: this CPU or build has no AMX\n");
     printf("bf16 with library block products: %s\n", gemm_bf16_detail(g[0]));
     for (int si = 0; si < nseq; si++) {
-        attn_shape_t a = {1, seqs[si], 16, 8, 128};
+        attn_shape_t a = {.B = 1, .S = seqs[si], .H = 16, .KV = 8, .HD = 128};
         int64_t T = a.B * a.S, QKV = (a.H + 2 * a.KV) * a.HD;
-        float *qkv = filled(T * QKV, 1), *out = filled(T * a.H * a.HD, 2), *lse = filled(a.B * a.H * a.S, 3);
-        float *dout = filled(T * a.H * a.HD, 4), *dqkv = filled(T * QKV, 5);
+        float *qkv = bench_filled(T * QKV, 1), *out = bench_filled(T * a.H * a.HD, 2), *lse = bench_filled(a.B * a.H * a.S, 3);
+        float *dout = bench_filled(T * a.H * a.HD, 4), *dqkv = bench_filled(T * QKV, 5);
         int64_t nscratch = attention_scratch_floats(&a, threads), n16 = attention_bf16_scratch_floats(&a, threads);
         float *scratch = malloc((size_t)(nscratch > n16 ? nscratch : n16) * sizeof(float));
         const float *q = qkv, *k = qkv + a.H * a.HD, *v = qkv + (a.H + a.KV) * a.HD;
@@ -90,8 +80,8 @@ int main(int argc, char **argv) {
         for (int kind = 0; kind < 4; kind++) {
             if ((kind == 1 && !have_mkl) || (kind == 3 && !have_amx)) continue;
             int bf = kind >= 2;
-            qsort(tf[kind], (size_t)reps, sizeof(double), cmp_double);
-            qsort(tb[kind], (size_t)reps, sizeof(double), cmp_double);
+            qsort(tf[kind], (size_t)reps, sizeof(double), bench_cmp_double);
+            qsort(tb[kind], (size_t)reps, sizeof(double), bench_cmp_double);
             double f = tf[kind][reps / 2], b = tb[kind][reps / 2];
             printf("%6lld %-17s %10.2f %9.1f %6.1f%% %10.2f %9.1f %6.1f%%\n", (long long)a.S, kernel_names[kind],
                    f * 1e3, one / f * 1e-9, 100 * one / f * 1e-9 / peak[bf], b * 1e3, 2 * one / b * 1e-9,

@@ -16,16 +16,12 @@
 #include "kernels/gemm.h"
 #include "kernels/bf16.h"
 #include "model/qwen3.h"
+#include "benchutil.h"
 
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static float *filled(int64_t n) {
@@ -116,7 +112,7 @@ int main(int argc, char **argv) {
                     snprintf(cell[k], sizeof cell[k], "-");
                     continue;
                 }
-                qsort(ts[k][f], (size_t)reps, sizeof(double), cmp_double);
+                qsort(ts[k][f], (size_t)reps, sizeof(double), bench_cmp_double);
                 med[k] = ts[k][f][reps / 2];
                 sum[k] += med[k];
                 step[k] += (double)times * med[k];

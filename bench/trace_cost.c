@@ -7,11 +7,7 @@
 #include <stdlib.h>
 
 #include "profile/trace.h"
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "benchutil.h"
 
 /* ns per span, median over rounds; the buffer is cleared between rounds (outside the timing),
  * as the loop's buffers are sized before the window. */
@@ -28,7 +24,7 @@ static double ns_per_span(trace_t *t, uint32_t name, long spans, int rounds, boo
         r[k] = (double)(trace_now_ns() - t0) / (double)spans;
         trace_set_recording(t, false);
     }
-    qsort(r, (size_t)rounds, sizeof(double), cmp_double);
+    qsort(r, (size_t)rounds, sizeof(double), bench_cmp_double);
     double med = r[rounds / 2];
     free(r);
     return med;

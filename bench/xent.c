@@ -7,11 +7,7 @@
 #include <stdlib.h>
 
 #include "kernels/xent.h"
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "benchutil.h"
 
 int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 7;
@@ -38,7 +34,7 @@ int main(int argc, char **argv) {
         xent_forward_backward(logits, loss, lse, targets, C, V, 1.0f / (float)C, 0.0f);
         if (r >= 0) t[r] = omp_get_wtime() - t0;
     }
-    qsort(t, (size_t)reps, sizeof(double), cmp_double);
+    qsort(t, (size_t)reps, sizeof(double), bench_cmp_double);
     double s = t[reps / 2], bytes = 2.0 * (double)C * (double)V * sizeof(float);
     printf("xent chunk %lld x %lld, %d threads, median of %d: %.2f ms, %.1f us per token, %.1f GB/s "
            "(one read + one write of the logits)\n",

@@ -1237,7 +1237,7 @@ typedef struct attn_bufs {
 } attn_bufs_t;
 
 static void attn_alloc(attn_bufs_t *x, const attn_case_t *c, test_rng_t *rng) {
-    x->a = (attn_shape_t){c->B, c->S, c->H, c->KV, c->HD};
+    x->a = (attn_shape_t){.B = c->B, .S = c->S, .H = c->H, .KV = c->KV, .HD = c->HD};
     x->T = c->B * c->S;
     x->qw = c->H * c->HD, x->kw = c->KV * c->HD;
     x->ld = x->qw + 2 * x->kw + 3, x->ld_out = x->qw + 5, x->ld_dout = x->qw + 2;
@@ -1424,6 +1424,46 @@ static void test_attention_backward_fd(void **state) {
     attn_thread_gemm_free(tg);
 }
 
+/* Other blockings (bench/attention_blocks compares their speed) against the default on the
+ * same inputs: a query block of 1 row, blocks that split S raggedly, one block past S, key
+ * passes of 32 and 256. Every score and product element is the same float dot; only the
+ * grouping of dQ's sum over key passes and dK/dV's over query blocks moves (≤ S = 130 float
+ * terms, ~√n·ε/2 ≈ 1e-6 relative), so 1e-5 bounds them and a lost or doubled block (order 1)
+ * fails. */
+static void test_attention_blockings(void **state) {
+    (void)state;
+    test_rng_t rng = {74};
+    static const int64_t blockings[][2] = {{1, 32}, {32, 32}, {48, 64}, {200, 256}, {ATTN_QBLOCK, 96}};
+    for (size_t ci = 0; ci < 2; ci++) {
+        const attn_case_t *c = &ATTN_CASES[ci + 1]; /* S = 130 and 70, GQA and H = KV */
+        attn_bufs_t x;
+        attn_run_fp32(&x, c, &rng, NULL);
+        float *out0 = falloc((size_t)(x.T * x.ld_out)), *lse0 = falloc((size_t)(c->B * c->H * c->S));
+        float *d0 = falloc((size_t)(x.T * x.ld));
+        memcpy(out0, x.out, (size_t)(x.T * x.ld_out) * sizeof(float));
+        memcpy(lse0, x.lse, (size_t)(c->B * c->H * c->S) * sizeof(float));
+        memcpy(d0, x.dqkv, (size_t)(x.T * x.ld) * sizeof(float));
+        for (size_t bi = 0; bi < sizeof blockings / sizeof blockings[0]; bi++) {
+            x.a.qblock = blockings[bi][0], x.a.kchunk = blockings[bi][1];
+            fill_const(x.out, (size_t)(x.T * x.ld_out), SENTINEL);
+            attn_forward(&x);
+            attn_backward(&x);
+            assert_true(padding_intact(x.out, x.T, x.qw, x.ld_out, SENTINEL));
+            assert_true(padding_intact(x.dqkv, x.T, x.qw + 2 * x.kw, x.ld, SENTINEL));
+            char what[112];
+            snprintf(what, sizeof what, "attention %ldx%ld blocks vs default, out, S%ld H%ld KV%ld",
+                     (long)x.a.qblock, (long)x.a.kchunk, (long)c->S, (long)c->H, (long)c->KV);
+            CHECK_LE(what, rel_err_2d(x.out, x.ld_out, out0, x.ld_out, x.T, x.qw), 1e-5);
+            CHECK_LE("  lse, max abs", max_abs_diff(x.lse, lse0, (size_t)(c->B * c->H * c->S)), 1e-5);
+            CHECK_LE("  dq", rel_err_2d(x.dqkv, x.ld, d0, x.ld, x.T, x.qw), 1e-5);
+            CHECK_LE("  dk", rel_err_2d(x.dqkv + x.qw, x.ld, d0 + x.qw, x.ld, x.T, x.kw), 1e-5);
+            CHECK_LE("  dv", rel_err_2d(x.dqkv + x.qw + x.kw, x.ld, d0 + x.qw + x.kw, x.ld, x.T, x.kw), 1e-5);
+        }
+        free(out0), free(lse0), free(d0);
+        attn_free(&x);
+    }
+}
+
 /* The bf16 kernels against the fp32 ones on the same inputs. Rounding q, k, v, dO, P and dS
  * to bf16 (2^-9 relative each, ~1e-3 on average) perturbs scores by ~1e-3·|s| and outputs and
  * gradients by a few 1e-3 relative (measured 2-4e-3); bounds 1e-2 (out, gradients) and 1e-2 absolute (lse,
@@ -1478,12 +1518,12 @@ static void test_attention_bf16_vs_fp32(void **state) {
     free(g);
 }
 
-/* The scratch holds Kᵀ, Vᵀ ([HD, S] per kv head) and per-thread [ATTN_QBLOCK, S] strips:
+/* The scratch holds Kᵀ, Vᵀ ([HD, S] per kv head) and per-thread [group·qblock, S] strips:
  * linear in S, so doubling S at most doubles it (an S² term would nearly quadruple it). */
 static void test_attention_scratch_linear(void **state) {
     (void)state;
     for (int threads = 1; threads <= 64; threads *= 4) {
-        attn_shape_t a1 = {4, 1024, 16, 8, 128}, a2 = {4, 2048, 16, 8, 128};
+        attn_shape_t a1 = {.B = 4, .S = 1024, .H = 16, .KV = 8, .HD = 128}, a2 = {.B = 4, .S = 2048, .H = 16, .KV = 8, .HD = 128};
         double f1 = (double)attention_scratch_floats(&a1, threads), f2 = (double)attention_scratch_floats(&a2, threads);
         assert_true(f1 > 0);
         CHECK_LE("attention scratch(S=2048) / scratch(S=1024)", f2 / f1, 2.0);
@@ -1604,6 +1644,7 @@ int main(void) {
         TEST_WITH_LIB(test_attention_forward, LIB_MKL, "mkl"),
         {"test_attention_backward_fd (micro-GEMM blocks)", test_attention_backward_fd, NULL, NULL, NULL},
         TEST_WITH_LIB(test_attention_backward_fd, LIB_MKL, "mkl"),
+        cmocka_unit_test(test_attention_blockings),
         cmocka_unit_test(test_attention_scratch_linear),
         cmocka_unit_test(test_attention_bf16_vs_fp32),
         cmocka_unit_test(test_thread_determinism),

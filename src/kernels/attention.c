@@ -18,10 +18,10 @@
  * (16 KiB for qwen3-0.6b) and Kᵀ's rows S floats apart: every step of the walk landed on
  * another page and in the same L1 set, and the kernel ran at half its rate.
  * Then per thread: the query heads of one kv head (GQA's group) are stacked, so each block
- * product has group·ATTN_QBLOCK rows against that kv head's K or V (twice the rows per call
- * for qwen3's group of 2, the same keys read once): two [group·ATTN_QBLOCK, S] strips
+ * product has group·qblock rows against that kv head's K or V (twice the rows per call
+ * for qwen3's group of 2, the same keys read once): two [group·qblock, S] strips
  * (probabilities and their gradient), and the stacked query block, output gradient and
- * output [group·ATTN_QBLOCK, HD]. The strips' row stride ld_s is S rounded up to 16, plus 16 floats: dK and dV
+ * output [group·qblock, HD]. The strips' row stride ld_s is S rounded up to 16, plus 16 floats: dK and dV
  * walk the strips down a column, and at a stride of exactly 4 KiB every row maps to one L1
  * set; 64 bytes more puts consecutive rows in consecutive sets. */
 enum { PANEL = 32 };
@@ -29,7 +29,9 @@ static int64_t strided_s(int64_t S) { return (S + 15) / 16 * 16 + 16; }
 static int64_t panel_floats(const attn_shape_t *a) {
     return (a->HD + PANEL - 1) / PANEL * PANEL * ((a->S + PANEL - 1) / PANEL * PANEL);
 }
-static int64_t stack_rows(const attn_shape_t *a) { return a->H / a->KV * ATTN_QBLOCK; }
+static int64_t qblock_of(const attn_shape_t *a) { return a->qblock > 0 ? a->qblock : ATTN_QBLOCK; }
+static int64_t kchunk_of(const attn_shape_t *a) { return a->kchunk > 0 ? a->kchunk : ATTN_KCHUNK; }
+static int64_t stack_rows(const attn_shape_t *a) { return a->H / a->KV * qblock_of(a); }
 static int64_t per_thread_floats(const attn_shape_t *a) {
     return 2 * stack_rows(a) * strided_s(a->S) + 3 * stack_rows(a) * a->HD + 2 * a->S * a->HD + stack_rows(a);
 }
@@ -54,7 +56,20 @@ static float *strips_of(float *scratch, const attn_shape_t *a) {
 static void pack_transposed(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD) {
     for (int64_t s0 = 0; s0 < S; s0 += PANEL) {
         float *panel = dst + s0 * HD;
-        for (int64_t d = 0; d < HD; d++)
+        int64_t d0 = 0;
+#if VF_LANES
+        /* Lane-square blocks through registers: element by element, every read was a column
+         * step, a fused row (16 KiB) on, and the packing took 3-4% of the kernels' time. */
+        for (; d0 + VF_LANES <= HD; d0 += VF_LANES)
+            for (int64_t sb = 0; sb < PANEL; sb += VF_LANES) {
+                vf r[VF_LANES];
+                for (int i = 0; i < VF_LANES; i++)
+                    r[i] = s0 + sb + i < S ? vf_load(src + (s0 + sb + i) * ld + d0) : vf_zero();
+                vf_transpose(r);
+                for (int j = 0; j < VF_LANES; j++) vf_store(panel + (d0 + j) * PANEL + sb, r[j]);
+            }
+#endif
+        for (int64_t d = d0; d < HD; d++)
             for (int64_t s = s0; s < s0 + PANEL; s++) panel[d * PANEL + s - s0] = s < S ? src[s * ld + d] : 0.0f;
     }
 }
@@ -247,7 +262,7 @@ void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, i
                        const float *k, int64_t ld_k, const float *v, int64_t ld_v,
                        const attn_shape_t *a, float *scratch, gemm_ctx_t *const *thread_gemm) {
     const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, group = a->H / a->KV;
-    const int64_t qblocks = (S + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
+    const int64_t QB = qblock_of(a), qblocks = (S + QB - 1) / QB;
     const float scale = 1.0f / sqrtf((float)HD);
     const int64_t ls = strided_s(S);
     pack_kv(scratch, a, k, ld_k, v, ld_v, false, thread_gemm != NULL);
@@ -257,7 +272,7 @@ void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, i
     for (int64_t task = 0; task < B * KV * qblocks; task++) {
         int64_t qb = qblocks - 1 - task % qblocks, bk = task / qblocks;
         int64_t b = bk / KV, kvh = bk % KV, h0 = kvh * group;
-        int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK;
+        int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB;
         int64_t kend = i0 + nq, rows = group * nq;
         gemm_ctx_t *g = thread_gemm ? thread_gemm[omp_get_thread_num()] : NULL;
         float *strip = strips_of(scratch, a), *q_stack = strip + 2 * stack_rows(a) * ls;
@@ -280,9 +295,9 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
                         const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch,
                         gemm_ctx_t *const *thread_gemm) {
     const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, group = a->H / a->KV;
-    const int64_t qblocks = (S + ATTN_QBLOCK - 1) / ATTN_QBLOCK;
+    const int64_t QB = qblock_of(a), qblocks = (S + QB - 1) / QB, KC = kchunk_of(a);
     const float scale = 1.0f / sqrtf((float)HD);
-    const int64_t ls = strided_s(S), lc = strided_s(S < ATTN_KCHUNK ? S : ATTN_KCHUNK);
+    const int64_t ls = strided_s(S), lc = strided_s(S < KC ? S : KC);
     pack_kv(scratch, a, k, ld_k, v, ld_v, true, thread_gemm != NULL);
     /* One task per (batch, kv head): it alone writes that head's dk and dv, summing over its
      * query blocks in a fixed order, so no atomics and the same bits for any thread count. */
@@ -300,21 +315,21 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
         float *di = dvp + S * HD; /* the query block's Σ dO·O, one per stacked row */
         const float *kp = kc_of(scratch, a, b, kvh), *vp = v_of(scratch, a, b, kvh), *ktp = kt_of(scratch, a, b, kvh);
         for (int64_t qb = 0; qb < qblocks; qb++) {
-            int64_t i0 = qb * ATTN_QBLOCK, nq = S - i0 < ATTN_QBLOCK ? S - i0 : ATTN_QBLOCK;
+            int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB;
             int64_t kend = i0 + nq, rows = group * nq;
             stack_heads(q_stack, q, ld_q, b * S + i0, h0, group, nq, HD);
             stack_heads(do_stack, dout, ld_dout, b * S + i0, h0, group, nq, HD);
             for (int64_t r = 0; r < rows; r++)
                 di[r] = attention_row_dot(do_stack + r * HD, out + (b * S + i0 + r % nq) * ld_out + (h0 + r / nq) * HD, HD);
-            /* Keys ATTN_KCHUNK at a time, so the strips a chunk's five products read and write
-             * are [rows × ATTN_KCHUNK] (144 KiB each for qwen3's 256 stacked rows) where whole
-             * rows of keys were [rows × S] (1 MiB at S = 1024): dK and dV walk them down a
+            /* Keys KC at a time, so the strips a chunk's five products read and write are
+             * [rows × KC] (72 KiB each for qwen3's 128 stacked rows at 128 keys) where whole
+             * rows of keys were [rows × S] (512 KiB at S = 1024): dK and dV walk them down a
              * column. Per chunk: scores and dP = dO·Vᵀ, then row by row, in place, P (recomputed
              * from the lse) and dS = P∘(dP − Σ dO·O), times the score scale here so the products
              * below need no alpha (the micro-GEMM's scores already carry it); then dQ += dS·K,
              * summed over the chunks in order, and the chunk's dK += dSᵀ·Q, dV += Pᵀ·dO. */
-            for (int64_t k0 = 0; k0 < kend; k0 += ATTN_KCHUNK) {
-                int64_t kw = kend - k0 < ATTN_KCHUNK ? kend - k0 : ATTN_KCHUNK;
+            for (int64_t k0 = 0; k0 < kend; k0 += KC) {
+                int64_t kw = kend - k0 < KC ? kend - k0 : KC;
                 block_nt_keys(g, rows, k0, kw, HD, scale, q_stack, HD, kp, ktp, p, lc);
                 block_nt_keys(g, rows, k0, kw, HD, 1.0f, do_stack, HD, vp, vp, dp, lc); /* V rows or Vᵀ panels */
                 for (int64_t r = 0; r < rows; r++) {

@@ -13,12 +13,21 @@
 
 #include "kernels/gemm.h"
 
-enum { ATTN_QBLOCK = 128, ATTN_QBLOCK_BF16 = 128 };
-/* The fp32 backward's keys per pass (a multiple of 32): see attention_backward. */
+/* The fp32 kernels' default blocking (see attn_shape_t): query blocks of 64, the backward's
+ * keys 128 at a time. On the AVX2 Zen 3, interleaved call by call against 128 × 128 at
+ * qwen3-0.6b's heads (bench/attention_blocks.c), this ran the forward 1.06× and the backward
+ * 1.08× at S = 1024, 1.04× and 1.11× at 4096, 1.10× and 1.15× at 256 (smaller diagonal blocks,
+ * whose masked half is computed, and a strip working set nearer the 512 KiB L2). */
+enum { ATTN_QBLOCK = 64, ATTN_QBLOCK_BF16 = 128 };
 enum { ATTN_KCHUNK = 128 };
 
+/* qblock, kchunk: the fp32 kernels' queries per block and the backward's keys per pass (a
+ * multiple of 32); 0, as an initialiser naming only B .. HD leaves them, takes ATTN_QBLOCK
+ * and ATTN_KCHUNK. The scratch size depends on them, so size it with the same shape. Other values
+ * are for benchmarks that compare blockings; the bf16 kernels ignore them. */
 typedef struct attn_shape {
     int64_t B, S, H, KV, HD;
+    int64_t qblock, kchunk;
 } attn_shape_t;
 
 /* Floats of scratch the kernels need with num_threads threads. */

@@ -133,7 +133,7 @@ static void bf16_scratch_sizes(const qwen3_dims_t *d, int64_t chunk, int64_t *in
 int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16,
                              qwen3_remat_t remat) {
     int64_t T = d->B * d->S;
-    attn_shape_t a = {d->B, d->S, d->H, d->KV, d->HD};
+    attn_shape_t a = {.B = d->B, .S = d->S, .H = d->H, .KV = d->KV, .HD = d->HD};
     int64_t in16 = 0, dy16 = 0;
     if (bf16) bf16_scratch_sizes(d, xent_chunk, &in16, &dy16);
     int64_t qk = remat == QWEN3_REMAT_MINIMAL ? T * (d->H + d->KV) * d->HD : 0;
@@ -146,7 +146,7 @@ int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xen
 static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, int64_t chunk, bool bf16,
                          qwen3_remat_t remat, float *base) {
     int64_t T = d->B * d->S;
-    attn_shape_t a = {d->B, d->S, d->H, d->KV, d->HD};
+    attn_shape_t a = {.B = d->B, .S = d->S, .H = d->H, .KV = d->KV, .HD = d->HD};
     float *c = base;
     s->ln = carve(&c, T * d->D);
     s->h = carve(&c, T * d->F);
@@ -464,7 +464,7 @@ static void linear_bwd_produced(qwen3_model_t *m, int op, float *dx, float *dW, 
     else linear_bwd(m, op, dx, dW, dy, x_f32, W, T, out, in);
 }
 
-static attn_shape_t attn_shape(const qwen3_dims_t *d) { return (attn_shape_t){d->B, d->S, d->H, d->KV, d->HD}; }
+static attn_shape_t attn_shape(const qwen3_dims_t *d) { return (attn_shape_t){.B = d->B, .S = d->S, .H = d->H, .KV = d->KV, .HD = d->HD}; }
 
 static double attention_flops(const qwen3_dims_t *d, double passes) {
     /* Causal: half of the S² scores; 2 matmuls of 2·HD flops per score and head. */

@@ -1,0 +1,31 @@
+/* benchutil: what the C benchmarks share: sorting timings for medians and quartiles, and
+ * deterministic inputs (the kernels' speed does not depend on the values, only on them being
+ * ordinary finite floats). */
+#ifndef STEPSCOPE_BENCHUTIL_H
+#define STEPSCOPE_BENCHUTIL_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+/* qsort's comparison for doubles, ascending. */
+static inline int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts x[n] and returns its median; q1 and q3 (when not NULL) get the quartiles. */
+static inline double bench_sorted_median(double *x, int n, double *q1, double *q3) {
+    qsort(x, (size_t)n, sizeof(double), bench_cmp_double);
+    if (q1) *q1 = x[n / 4];
+    if (q3) *q3 = x[(3 * n) / 4];
+    return x[n / 2];
+}
+
+/* n floats in [-1, 1], a pattern of the seed; the caller frees them. */
+static inline float *bench_filled(int64_t n, unsigned seed) {
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = (float)((i * 2654435761u + seed) % 2001) * 1e-3f - 1.0f;
+    return p;
+}
+
+#endif
