@@ -18,8 +18,10 @@ typedef struct gemm_ctx gemm_ctx_t;
  *   ONEDNN  oneDNN's matmul primitive (Debian's libdnnl), on every x86-64 CPU; where it would
  *           run a product on its gemm driver rather than its brgemm kernels (every fp32 product
  *           without AVX512), in panels of single-threaded dnnl_sgemm fixed by the shape, since
- *           that driver splits K by thread count, and those its no-copy kernels would take with
- *           rows a multiple of 2 KiB staged in padded blocks first (gemm_dnnl.c, gemm_widen.h);
+ *           that driver splits K by thread count (a product the panels cannot split without leaving
+ *           the driver's copy kernels runs as two fixed halves of K instead), and those its no-copy
+ *           kernels would take with rows a multiple of 2 KiB staged in padded blocks first
+ *           (gemm_dnnl.c, gemm_widen.h);
  *   MKL     Intel oneMKL's cblas_sgemm / cblas_gemm_bf16bf16f32, loaded at run time (gemm_mkl.h);
  *   AUTO    MKL on Intel CPUs where it loads, else oneDNN. On the Intel Xeon (AMX) VM MKL ran
  *           the qwen3-0.6b shapes 1.18x faster in fp32 and 1.42x in bf16 (bench/gemm_shapes);

@@ -38,6 +38,7 @@ struct gemm_ctx {
     bool avx512;             /* oneDNN's ISA: fp32 products on its brgemm kernels */
     bool bf16_widens;      /* no library runs bf16 products here: gemm_widen.h does */
     float *widen_work;     /* its scratch, GEMM_WIDEN_FLOATS */
+    float *ksplit_work;    /* run_panels' second K half, KSPLIT_FLOATS */
     char detail[600], bf16_detail[400];
 };
 
@@ -56,6 +57,15 @@ static bool widen_work_ready(gemm_ctx_t *g) {
     if (!g->widen_work && (g->widen_work = aligned_alloc(64, GEMM_WIDEN_FLOATS * sizeof(float))))
         memset(g->widen_work, 0, GEMM_WIDEN_FLOATS * sizeof(float));
     return g->widen_work != NULL;
+}
+
+/* run_panels' space for the second K half of a product it splits over K, a product's M × N:
+ * 4 MiB (the products that need it are bounded: see split_k). */
+enum { KSPLIT_FLOATS = 1 << 20 };
+static bool ksplit_work_ready(gemm_ctx_t *g) {
+    if (!g->ksplit_work && (g->ksplit_work = aligned_alloc(64, KSPLIT_FLOATS * sizeof(float))))
+        memset(g->ksplit_work, 0, KSPLIT_FLOATS * sizeof(float));
+    return g->ksplit_work != NULL;
 }
 
 static bool onednn_has_bf16(gemm_ctx_t *g);
@@ -129,7 +139,9 @@ static bool f32_stages(const gemm_ctx_t *g) { return !g->mkl && !g->avx512; }
 
 bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16) {
     bool tiles = !bf16 || !g->bf16_tiles || tile_work_for(g, threads);
-    return tiles && (!(bf16 ? g->bf16_widens : f32_stages(g)) || widen_work_ready(g));
+    /* fp32 on the gemm driver (and bf16 widened into it) may split over K: see run_panels */
+    bool panels = g->mkl || ksplit_work_ready(g);
+    return tiles && panels && (!(bf16 ? g->bf16_widens : f32_stages(g)) || widen_work_ready(g));
 }
 bool gemm_bf16_tiles(const gemm_ctx_t *g) { return g->bf16_tiles; }
 /* oneDNN's brgemm kernels (AVX512) ran those forms at half rate; its gemm driver (AVX2) and MKL
@@ -149,6 +161,7 @@ void gemm_destroy(gemm_ctx_t *g) {
     free(g->entries);
     free(g->tile_work);
     free(g->widen_work);
+    free(g->ksplit_work);
     dnnl_stream_destroy(g->stream);
     dnnl_engine_destroy(g->engine);
     free(g);
@@ -319,10 +332,55 @@ static void panel_grid(const gemm_ctx_t *g, int64_t M, int64_t N, int64_t K, int
     *rows = r, *cols = c;
 }
 
-static void run_panels(const gemm_ctx_t *g, const gemm_entry_t *key, const float *A, const float *B, float *C) {
+/* A product the grid keeps whole, because halving its longer side would leave the copy kernels,
+ * ran on one thread: 66 GFLOP/s where 2 Zen 3 cores ran 130 (512 × 1024 × 4096, the qkv and
+ * gate_up input gradients at 512 tokens; 416 × 1024 × 151936, the LM head's input gradient in
+ * the 416-token chunks of 2048 tokens and more). Its two halves of K stay on the copy kernels
+ * (the driver chooses them by M and N) and ran at 119-132: C = (β·C + A₀·B₀) + A₁·B₁, the
+ * second half into ksplit_work, so the product must fit it (such products are bounded: the
+ * whole on copy kernels and half its longer side not, at most ~800 × 800 or ~300 × 4300 with
+ * AVX2's threshold; larger ones with a side near 264 stay whole). Shape-fixed, as the panels. */
+static int64_t split_k_at(gemm_ctx_t *g, const gemm_entry_t *key) {
+    int64_t half = ceil_div(ceil_div(key->K, 2), PANEL_ALIGN) * PANEL_ALIGN;
+    bool splits = key->M * key->N <= KSPLIT_FLOATS && half < key->K &&
+                  2.0 * (double)key->M * (double)key->N * (double)(key->K - half) >= PANEL_MIN_FLOPS;
+    return splits && ksplit_work_ready(g) ? half : 0;
+}
+
+static void run_split_k(const gemm_ctx_t *g, const gemm_entry_t *key, int64_t k_half, const float *A,
+                        const float *B, float *C) {
+    const int64_t M = key->M, N = key->N;
+    float *second = g->ksplit_work;
+    int team = omp_in_parallel() || omp_get_max_threads() < 2 ? 1 : 2;
+#pragma omp parallel num_threads(team)
+    {
+        omp_set_num_threads(1); /* as in run_panels */
+#pragma omp for schedule(static)
+        for (int half = 0; half < 2; half++) {
+            int64_t k0 = half ? k_half : 0, k = half ? key->K - k_half : k_half;
+            const float *a = key->trans_a ? A + k0 * key->lda : A + k0;
+            const float *b = key->trans_b ? B + k0 : B + k0 * key->ldb;
+            check(dnnl_sgemm(key->trans_a ? 'T' : 'N', key->trans_b ? 'T' : 'N', M, N, k, 1.0f, a, key->lda, b,
+                             key->ldb, half == 0 && key->accumulate ? 1.0f : 0.0f, half ? second : C,
+                             half ? N : key->ldc),
+                  "sgemm");
+        }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < M; i++)
+#pragma omp simd
+            for (int64_t j = 0; j < N; j++) C[i * key->ldc + j] += second[i * N + j];
+    }
+}
+
+static void run_panels(gemm_ctx_t *g, const gemm_entry_t *key, const float *A, const float *B, float *C) {
     int64_t rows, cols;
     panel_grid(g, key->M, key->N, key->K, &rows, &cols);
     int64_t grid_n = ceil_div(key->N, cols), panels = ceil_div(key->M, rows) * grid_n;
+    int64_t k_half = panels == 1 ? split_k_at(g, key) : 0;
+    if (k_half) {
+        run_split_k(g, key, k_half, A, B, C);
+        return;
+    }
     int team = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (team > panels) team = (int)panels;
 #pragma omp parallel num_threads(team)
