@@ -139,6 +139,28 @@ static void test_gemm_vs_naive(void **state) {
     gemm_destroy(g);
 }
 
+/* Each shape in the four transpose forms, accumulating on alternate forms, C's rows padded by
+ * 3: the worst relative Frobenius error against the naive product must stay under bound. */
+static void gemm_forms_vs_naive(void **state, const int64_t (*shapes)[3], size_t nshapes, unsigned seed,
+                                const char *what, double bound) {
+    test_rng_t rng = {seed};
+    gemm_ctx_t *g = new_gemm_of(state);
+    double worst = 0.0;
+    for (size_t s = 0; s < nshapes; s++)
+        for (int form = 0; form < 4; form++) {
+            bool ta = form & 1, tb = form & 2, acc = (s + (size_t)form) % 2;
+            double e = gemm_case_pads(g, ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], 0, 0, 3, acc, &rng);
+            if (!(e < bound))
+                fail_msg("gemm (%s) ta=%d tb=%d acc=%d %ldx%ldx%ld: rel err %.3e", what, ta, tb, acc,
+                         (long)shapes[s][0], (long)shapes[s][1], (long)shapes[s][2], e);
+            worst = e > worst ? e : worst;
+        }
+    char label[96];
+    snprintf(label, sizeof label, "gemm on %s vs naive, worst rel Frobenius", what);
+    CHECK_LE(label, worst, bound);
+    gemm_destroy(g);
+}
+
 /* Products oneDNN's gemm driver would run on its no-copy kernels (a small side) with an
  * operand's rows a multiple of 2 KiB, which gemm_dnnl.c stages into padded blocks and K slices
  * (gemm_widen.h) on CPUs without AVX512: the LM head's input gradient's shape class, and one
@@ -148,20 +170,7 @@ static void test_gemm_vs_naive(void **state) {
  * (MKL, AVX512 oneDNN) the same shapes are plain products, held to the same bound. */
 static void test_gemm_staged_vs_naive(void **state) {
     static const int64_t shapes[][3] = {{40, 48, 8192}, {96, 512, 2048}};
-    test_rng_t rng = {6};
-    gemm_ctx_t *g = new_gemm_of(state);
-    double worst = 0.0;
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (int form = 0; form < 4; form++) {
-            bool ta = form & 1, tb = form & 2, acc = (s + (size_t)form) % 2;
-            double e = gemm_case_pads(g, ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], 0, 0, 3, acc, &rng);
-            if (!(e < 2e-5))
-                fail_msg("gemm (staged shapes) ta=%d tb=%d acc=%d %ldx%ldx%ld: rel err %.3e", ta, tb, acc,
-                         (long)shapes[s][0], (long)shapes[s][1], (long)shapes[s][2], e);
-            worst = e > worst ? e : worst;
-        }
-    CHECK_LE("gemm on staged shapes vs naive, worst rel Frobenius", worst, 2e-5);
-    gemm_destroy(g);
+    gemm_forms_vs_naive(state, shapes, sizeof shapes / sizeof shapes[0], 6, "staged shapes", 2e-5);
 }
 
 /* Products that oneDNN's gemm driver runs on its copy kernels whole but not in halves of their
@@ -171,20 +180,7 @@ static void test_gemm_staged_vs_naive(void **state) {
  * test_gemm_vs_naive. Elsewhere (MKL, AVX512 oneDNN) these are plain products, held to the same. */
 static void test_gemm_split_k_vs_naive(void **state) {
     static const int64_t shapes[][3] = {{512, 1024, 64}, {520, 1000, 37}};
-    test_rng_t rng = {7};
-    gemm_ctx_t *g = new_gemm_of(state);
-    double worst = 0.0;
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (int form = 0; form < 4; form++) {
-            bool ta = form & 1, tb = form & 2, acc = (s + (size_t)form) % 2;
-            double e = gemm_case_pads(g, ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], 0, 0, 3, acc, &rng);
-            if (!(e < 1e-5))
-                fail_msg("gemm (K-split shapes) ta=%d tb=%d acc=%d %ldx%ldx%ld: rel err %.3e", ta, tb, acc,
-                         (long)shapes[s][0], (long)shapes[s][1], (long)shapes[s][2], e);
-            worst = e > worst ? e : worst;
-        }
-    CHECK_LE("gemm on K-split shapes vs naive, worst rel Frobenius", worst, 1e-5);
-    gemm_destroy(g);
+    gemm_forms_vs_naive(state, shapes, sizeof shapes / sizeof shapes[0], 7, "K-split shapes", 1e-5);
 }
 
 /* f[n] uniform in [-1, 1) and then rounded to bf16, h[n] the same values in bf16: operands
