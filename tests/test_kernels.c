@@ -1444,6 +1444,29 @@ static void test_attention_backward_fd(void **state) {
     attn_thread_gemm_free(tg);
 }
 
+/* A run's outputs kept to compare another run on the same inputs against. */
+typedef struct attn_kept {
+    float *out, *lse, *dqkv;
+} attn_kept_t;
+
+static attn_kept_t attn_keep(const attn_bufs_t *x) {
+    attn_kept_t k = {fdup(x->out, (size_t)(x->T * x->ld_out)),
+                     fdup(x->lse, (size_t)(x->a.B * x->a.H * x->a.S)), fdup(x->dqkv, (size_t)(x->T * x->ld))};
+    return k;
+}
+
+static void attn_kept_free(attn_kept_t *k) { free(k->out), free(k->lse), free(k->dqkv); }
+
+/* x's out (relative Frobenius, named what), lse (max abs) and dq, dk, dv (relative Frobenius)
+ * against kept, each within bound. */
+static void attn_check_vs_kept(const attn_bufs_t *x, const attn_kept_t *k, const char *what, double bound) {
+    CHECK_LE(what, rel_err_2d(x->out, x->ld_out, k->out, x->ld_out, x->T, x->qw), bound);
+    CHECK_LE("  lse, max abs", max_abs_diff(x->lse, k->lse, (size_t)(x->a.B * x->a.H * x->a.S)), bound);
+    CHECK_LE("  dq", rel_err_2d(x->dqkv, x->ld, k->dqkv, x->ld, x->T, x->qw), bound);
+    CHECK_LE("  dk", rel_err_2d(x->dqkv + x->qw, x->ld, k->dqkv + x->qw, x->ld, x->T, x->kw), bound);
+    CHECK_LE("  dv", rel_err_2d(x->dqkv + x->qw + x->kw, x->ld, k->dqkv + x->qw + x->kw, x->ld, x->T, x->kw), bound);
+}
+
 /* Other blockings (bench/attention_blocks compares their speed) against the default on the
  * same inputs: a query block of 1 row, blocks that split S raggedly, one block past S, key
  * passes of 32 and 256. Every score and product element is the same float dot; only the
@@ -1458,11 +1481,7 @@ static void test_attention_blockings(void **state) {
         const attn_case_t *c = &ATTN_CASES[ci + 1]; /* S = 130 and 70, GQA and H = KV */
         attn_bufs_t x;
         attn_run_fp32(&x, c, &rng, NULL);
-        float *out0 = falloc((size_t)(x.T * x.ld_out)), *lse0 = falloc((size_t)(c->B * c->H * c->S));
-        float *d0 = falloc((size_t)(x.T * x.ld));
-        memcpy(out0, x.out, (size_t)(x.T * x.ld_out) * sizeof(float));
-        memcpy(lse0, x.lse, (size_t)(c->B * c->H * c->S) * sizeof(float));
-        memcpy(d0, x.dqkv, (size_t)(x.T * x.ld) * sizeof(float));
+        attn_kept_t ref = attn_keep(&x);
         for (size_t bi = 0; bi < sizeof blockings / sizeof blockings[0]; bi++) {
             x.a.qblock = blockings[bi][0], x.a.kchunk = blockings[bi][1];
             fill_const(x.out, (size_t)(x.T * x.ld_out), SENTINEL);
@@ -1473,13 +1492,9 @@ static void test_attention_blockings(void **state) {
             char what[112];
             snprintf(what, sizeof what, "attention %ldx%ld blocks vs default, out, S%ld H%ld KV%ld",
                      (long)x.a.qblock, (long)x.a.kchunk, (long)c->S, (long)c->H, (long)c->KV);
-            CHECK_LE(what, rel_err_2d(x.out, x.ld_out, out0, x.ld_out, x.T, x.qw), 1e-5);
-            CHECK_LE("  lse, max abs", max_abs_diff(x.lse, lse0, (size_t)(c->B * c->H * c->S)), 1e-5);
-            CHECK_LE("  dq", rel_err_2d(x.dqkv, x.ld, d0, x.ld, x.T, x.qw), 1e-5);
-            CHECK_LE("  dk", rel_err_2d(x.dqkv + x.qw, x.ld, d0 + x.qw, x.ld, x.T, x.kw), 1e-5);
-            CHECK_LE("  dv", rel_err_2d(x.dqkv + x.qw + x.kw, x.ld, d0 + x.qw + x.kw, x.ld, x.T, x.kw), 1e-5);
+            attn_check_vs_kept(&x, &ref, what, 1e-5);
         }
-        free(out0), free(lse0), free(d0);
+        attn_kept_free(&ref);
         attn_free(&x);
     }
 }
@@ -1509,11 +1524,7 @@ static void test_attention_bf16_vs_fp32(void **state) {
             gemm_ctx_t *const *blocks = variant == 0 ? g : NULL;
             attn_bufs_t x;
             attn_run_fp32(&x, c, &rng, NULL);
-            float *out32 = falloc((size_t)(x.T * x.ld_out)), *lse32 = falloc((size_t)(c->B * c->H * c->S));
-            float *d32 = falloc((size_t)(x.T * x.ld));
-            memcpy(out32, x.out, (size_t)(x.T * x.ld_out) * sizeof(float));
-            memcpy(lse32, x.lse, (size_t)(c->B * c->H * c->S) * sizeof(float));
-            memcpy(d32, x.dqkv, (size_t)(x.T * x.ld) * sizeof(float));
+            attn_kept_t fp32 = attn_keep(&x);
             float *scratch = falloc((size_t)attention_bf16_scratch_floats(&x.a, threads));
             fill_const(x.out, (size_t)(x.T * x.ld_out), SENTINEL);
             attention_forward_bf16(x.out, x.ld_out, x.lse, x.q, x.ld, x.k, x.ld, x.v, x.ld, &x.a, scratch, blocks);
@@ -1526,12 +1537,9 @@ static void test_attention_bf16_vs_fp32(void **state) {
             char what[112];
             snprintf(what, sizeof what, "bf16 attention (%s) out vs fp32 B%ld S%ld H%ld KV%ld HD%ld",
                      variant ? "AMX tiles" : "library", (long)c->B, (long)c->S, (long)c->H, (long)c->KV, (long)c->HD);
-            CHECK_LE(what, rel_err_2d(x.out, x.ld_out, out32, x.ld_out, x.T, x.qw), 1e-2);
-            CHECK_LE("  lse, max abs", max_abs_diff(x.lse, lse32, (size_t)(c->B * c->H * c->S)), 1e-2);
-            CHECK_LE("  dq", rel_err_2d(x.dqkv, x.ld, d32, x.ld, x.T, x.qw), 1e-2);
-            CHECK_LE("  dk", rel_err_2d(x.dqkv + x.qw, x.ld, d32 + x.qw, x.ld, x.T, x.kw), 1e-2);
-            CHECK_LE("  dv", rel_err_2d(x.dqkv + x.qw + x.kw, x.ld, d32 + x.qw + x.kw, x.ld, x.T, x.kw), 1e-2);
-            free(out32), free(lse32), free(d32), free(scratch);
+            attn_check_vs_kept(&x, &fp32, what, 1e-2);
+            attn_kept_free(&fp32);
+            free(scratch);
             attn_free(&x);
         }
     for (int t = 0; t < threads; t++) gemm_destroy(g[t]);

@@ -227,20 +227,14 @@ static void unstack_heads(float *dst, int64_t ld, const float *src, int64_t row0
             memcpy(dst + (row0 + r) * ld + (h0 + g) * HD, src + (g * nq + r) * HD, (size_t)HD * sizeof(float));
 }
 
-/* C[M, N] = A[M, K]·Bᵀ where B is [N, K]: through the library (B as K or V rows, [S, HD]) or
- * the micro-GEMM (B as its packed Kᵀ or Vᵀ panels). alpha applies to the micro-GEMM only:
- * the library path folds the scale into the softmax. */
-static void block_nt(gemm_ctx_t *g, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                     const float *rows, const float *panels, float *C, int64_t ldc) {
-    if (g) gemm_f32(g, false, true, M, N, K, A, lda, rows, K, C, ldc, false);
-    else microgemm_packed_b(M, N, K, alpha, A, lda, 1, panels, K * PANEL, C, ldc, false);
-}
-
-/* block_nt against keys [k0, k0 + N) only (k0 a multiple of PANEL): B's rows, or its panels,
- * from there. */
-static void block_nt_keys(gemm_ctx_t *g, int64_t M, int64_t k0, int64_t N, int64_t K, float alpha, const float *A,
-                          int64_t lda, const float *rows, const float *panels, float *C, int64_t ldc) {
-    block_nt(g, M, N, K, alpha, A, lda, rows + k0 * K, panels + k0 * K, C, ldc);
+/* C[M, N] = A[M, K]·Bᵀ against keys [k0, k0 + N) (k0 a multiple of PANEL), where B is [S, K]:
+ * through the library (B as K or V rows, [S, HD]) or the micro-GEMM (B as its packed Kᵀ or Vᵀ
+ * panels). alpha applies to the micro-GEMM only: the library path folds the scale into the
+ * softmax. */
+static void block_nt(gemm_ctx_t *g, int64_t M, int64_t k0, int64_t N, int64_t K, float alpha, const float *A,
+                     int64_t lda, const float *rows, const float *panels, float *C, int64_t ldc) {
+    if (g) gemm_f32(g, false, true, M, N, K, A, lda, rows + k0 * K, K, C, ldc, false);
+    else microgemm_packed_b(M, N, K, alpha, A, lda, 1, panels + k0 * K, K * PANEL, C, ldc, false);
 }
 
 /* C[M, HD] (+)= A[M, K]·B[K, HD] over keys [k0, k0 + K) of the K or V rows [S, HD] (library)
@@ -278,7 +272,7 @@ void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, i
         float *strip = strips_of(scratch, a), *q_stack = strip + 2 * stack_rows(a) * ls;
         float *o_stack = q_stack + 2 * stack_rows(a) * HD;
         stack_heads(q_stack, q, ld_q, b * S + i0, h0, group, nq, HD);
-        block_nt(g, rows, kend, HD, scale, q_stack, HD, kc_of(scratch, a, b, kvh), kt_of(scratch, a, b, kvh), strip, ls);
+        block_nt(g, rows, 0, kend, HD, scale, q_stack, HD, kc_of(scratch, a, b, kvh), kt_of(scratch, a, b, kvh), strip, ls);
         float *inv_sum = strip + stack_rows(a) * ls; /* the second strip is free in forward */
         for (int64_t gi = 0; gi < group; gi++) /* per head: its own lse row, the same causal mask */
             attention_softmax_rows(strip + gi * nq * ls, ls, i0, nq, kend, g ? scale : 1.0f,
@@ -330,8 +324,8 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
              * summed over the chunks in order, and the chunk's dK += dSᵀ·Q, dV += Pᵀ·dO. */
             for (int64_t k0 = 0; k0 < kend; k0 += KC) {
                 int64_t kw = kend - k0 < KC ? kend - k0 : KC;
-                block_nt_keys(g, rows, k0, kw, HD, scale, q_stack, HD, kp, ktp, p, lc);
-                block_nt_keys(g, rows, k0, kw, HD, 1.0f, do_stack, HD, vp, vp, dp, lc); /* V rows or Vᵀ panels */
+                block_nt(g, rows, k0, kw, HD, scale, q_stack, HD, kp, ktp, p, lc);
+                block_nt(g, rows, k0, kw, HD, 1.0f, do_stack, HD, vp, vp, dp, lc); /* V rows or Vᵀ panels */
                 for (int64_t r = 0; r < rows; r++) {
                     int64_t gi = r / nq, ri = r % nq;
                     /* scores and dP are indexed by key, from k0 on: the chunk's column 0 */
