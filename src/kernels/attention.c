@@ -9,6 +9,7 @@
 
 #include "kernels/attention_internal.h"
 #include "kernels/microgemm.h"
+#include "kernels/transpose.h"
 #include "kernels/vecmath.h"
 
 /* Scratch, per (batch, kv head), three panels holding Kᵀ (the score GEMM's B), V (forward:
@@ -33,7 +34,8 @@ static int64_t qblock_of(const attn_shape_t *a) { return a->qblock > 0 ? a->qblo
 static int64_t kchunk_of(const attn_shape_t *a) { return a->kchunk > 0 ? a->kchunk : ATTN_KCHUNK; }
 static int64_t stack_rows(const attn_shape_t *a) { return a->H / a->KV * qblock_of(a); }
 static int64_t per_thread_floats(const attn_shape_t *a) {
-    return 2 * stack_rows(a) * strided_s(a->S) + 3 * stack_rows(a) * a->HD + 2 * a->S * a->HD + stack_rows(a);
+    return 2 * stack_rows(a) * strided_s(a->S) + 5 * stack_rows(a) * a->HD + 2 * strided_s(a->S) * a->HD +
+           stack_rows(a);
 }
 
 int64_t attention_scratch_floats(const attn_shape_t *a, int num_threads) {
@@ -245,11 +247,16 @@ static void block_nn(gemm_ctx_t *g, int64_t M, int64_t HD, int64_t k0, int64_t K
     else microgemm_packed_b(M, HD, K, 1.0f, A, lda, 1, rows_or_panels + k0 * PANEL, S * PANEL, C, ldc, accumulate);
 }
 
-/* C[kend, HD] += Aᵀ·B with A [M, kend] (row stride lda) and B [M, HD]. */
-static void block_tn_acc(gemm_ctx_t *g, int64_t kend, int64_t HD, int64_t M, const float *A, int64_t lda,
-                         const float *B, float *C, int64_t ldc) {
-    if (g) gemm_f32(g, true, false, kend, HD, M, A, lda, B, HD, C, ldc, true);
-    else microgemm(kend, HD, M, 1.0f, A, 1, lda, B, HD, C, ldc, true);
+/* dK and dV of a key chunk: C[kw, HD] += Aᵀ·B with A [M, kw] (the dS or P strip, row stride
+ * lda) and B [M, HD] (the stacked Q or dO). The library runs it in that form. The micro-GEMM
+ * runs its transpose in the plain form instead, Cᵀ[HD, kw] += Bᵀ·A with Bᵀ the block's
+ * transposed stack [HD, M] (row stride M) and C held transposed (row stride ldc): read as Aᵀ,
+ * each step of the walk down M broadcasts from another strip row, and the two products ran
+ * 1.32× slower than the score products of the same size. */
+static void block_tn_acc(gemm_ctx_t *g, int64_t kw, int64_t HD, int64_t M, const float *A, int64_t lda,
+                         const float *B, const float *B_transposed, float *C, int64_t ldc) {
+    if (g) gemm_f32(g, true, false, kw, HD, M, A, lda, B, HD, C, ldc, true);
+    else microgemm(HD, kw, M, 1.0f, B_transposed, M, 1, A, lda, C, ldc, true);
 }
 
 void attention_forward(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
@@ -302,17 +309,24 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
         int64_t max_rows = stack_rows(a);
         float *p = strips_of(scratch, a), *dp = p + max_rows * ls;
         float *q_stack = dp + max_rows * ls, *do_stack = q_stack + max_rows * HD, *dq_stack = do_stack + max_rows * HD;
-        /* dK and dV accumulate in contiguous [S, HD] rows, copied out at the end: in place their
-         * rows sit a fused row apart (16 KiB), and every block product read and wrote C there. */
-        float *dkp = dq_stack + max_rows * HD, *dvp = dkp + S * HD;
-        memset(dkp, 0, (size_t)(2 * S * HD) * sizeof(float));
-        float *di = dvp + S * HD; /* the query block's Σ dO·O, one per stacked row */
+        /* dK and dV accumulate in contiguous [S, HD] rows (library) or [HD, ls] columns
+         * (micro-GEMM, block_tn_acc), copied out at the end: in place their rows sit a fused row
+         * apart (16 KiB), and every block product read and wrote C there. */
+        float *dkp = dq_stack + max_rows * HD, *dvp = dkp + ls * HD;
+        memset(dkp, 0, (size_t)(2 * ls * HD) * sizeof(float));
+        const int64_t ld_dkv = g ? HD : ls;
+        float *di = dvp + ls * HD; /* the query block's Σ dO·O, one per stacked row */
+        float *q_stack_t = di + max_rows, *do_stack_t = q_stack_t + max_rows * HD; /* [HD, rows] */
         const float *kp = kc_of(scratch, a, b, kvh), *vp = v_of(scratch, a, b, kvh), *ktp = kt_of(scratch, a, b, kvh);
         for (int64_t qb = 0; qb < qblocks; qb++) {
             int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB;
             int64_t kend = i0 + nq, rows = group * nq;
             stack_heads(q_stack, q, ld_q, b * S + i0, h0, group, nq, HD);
             stack_heads(do_stack, dout, ld_dout, b * S + i0, h0, group, nq, HD);
+            if (!g) {
+                transpose_f32_serial(q_stack_t, rows, q_stack, HD, rows, HD);
+                transpose_f32_serial(do_stack_t, rows, do_stack, HD, rows, HD);
+            }
             for (int64_t r = 0; r < rows; r++)
                 di[r] = attention_row_dot(do_stack + r * HD, out + (b * S + i0 + r % nq) * ld_out + (h0 + r / nq) * HD, HD);
             /* Keys KC at a time, so the strips a chunk's five products read and write are
@@ -334,14 +348,21 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
                                          di[r]);
                 }
                 block_nn(g, rows, HD, k0, kw, S, dp, lc, kp, dq_stack, HD, k0 > 0);
-                block_tn_acc(g, kw, HD, rows, dp, lc, q_stack, dkp + k0 * HD, HD);
-                block_tn_acc(g, kw, HD, rows, p, lc, do_stack, dvp + k0 * HD, HD);
+                float *dk_chunk = g ? dkp + k0 * HD : dkp + k0, *dv_chunk = g ? dvp + k0 * HD : dvp + k0;
+                block_tn_acc(g, kw, HD, rows, dp, lc, q_stack, q_stack_t, dk_chunk, ld_dkv);
+                block_tn_acc(g, kw, HD, rows, p, lc, do_stack, do_stack_t, dv_chunk, ld_dkv);
             }
             unstack_heads(dq, ld_dq, dq_stack, b * S + i0, h0, group, nq, HD);
         }
+        float *dk_head = dk + b * S * ld_dk + kvh * HD, *dv_head = dv + b * S * ld_dv + kvh * HD;
+        if (!g) {
+            transpose_f32_serial(dk_head, ld_dk, dkp, ls, HD, S);
+            transpose_f32_serial(dv_head, ld_dv, dvp, ls, HD, S);
+            continue;
+        }
         for (int64_t s = 0; s < S; s++) {
-            memcpy(dk + (b * S + s) * ld_dk + kvh * HD, dkp + s * HD, (size_t)HD * sizeof(float));
-            memcpy(dv + (b * S + s) * ld_dv + kvh * HD, dvp + s * HD, (size_t)HD * sizeof(float));
+            memcpy(dk_head + s * ld_dk, dkp + s * HD, (size_t)HD * sizeof(float));
+            memcpy(dv_head + s * ld_dv, dvp + s * HD, (size_t)HD * sizeof(float));
         }
     }
 }
