@@ -270,27 +270,31 @@ static void test_gemm_thread_count_bits(void **state) {
                                         {520, 1000, 37}};
     test_rng_t rng = {3};
     gemm_ctx_t *g = new_gemm_of(state);
+    /* 3 threads as well (a team the panels do not divide evenly), except MKL: in its strict
+     * reproducible mode on the AMD Zen 3 the [16 × 32 × 20480] product differed at 3 threads. */
+    const int max_threads = strcmp(gemm_library_name(g), "mkl") ? 3 : 2;
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
         for (int form = 0; form < 8; form++) {
             bool ta = form & 1, tb = form & 2, bf = form & 4, acc = sh % 2 == (size_t)ta;
             int64_t M = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2];
             int64_t na = M * K, nb = K * N, nc = M * N, lda = ta ? M : K, ldb = tb ? K : N;
-            float *A = falloc((size_t)na), *B = falloc((size_t)nb), *C0 = falloc((size_t)nc), *C[2];
+            float *A = falloc((size_t)na), *B = falloc((size_t)nb), *C0 = falloc((size_t)nc), *C[3] = {NULL, NULL, NULL};
             bf16_t *A16 = malloc((size_t)na * sizeof(bf16_t)), *B16 = malloc((size_t)nb * sizeof(bf16_t));
             fill_bf16_exact(A, A16, na, &rng);
             fill_bf16_exact(B, B16, nb, &rng);
             fill_uniform(C0, (size_t)nc, &rng, -1.0f, 1.0f);
-            for (int t = 0; t < 2; t++) {
+            for (int t = 0; t < max_threads; t++) {
                 omp_set_num_threads(t + 1);
                 C[t] = fdup(C0, (size_t)nc);
                 if (bf) gemm_bf16(g, ta, tb, M, N, K, A16, lda, B16, ldb, C[t], N, acc);
                 else gemm_f32(g, ta, tb, M, N, K, A, lda, B, ldb, C[t], N, acc);
             }
             omp_set_num_threads(g_threads0);
-            if (memcmp(C[0], C[1], (size_t)nc * sizeof(float)))
-                fail_msg("gemm_%s ta=%d tb=%d acc=%d %ldx%ldx%ld differs between 1 and 2 threads", bf ? "bf16" : "f32",
-                         ta, tb, acc, (long)M, (long)N, (long)K);
-            free(A), free(B), free(C0), free(C[0]), free(C[1]), free(A16), free(B16);
+            for (int t = 1; t < max_threads; t++)
+                if (memcmp(C[0], C[t], (size_t)nc * sizeof(float)))
+                    fail_msg("gemm_%s ta=%d tb=%d acc=%d %ldx%ldx%ld differs between 1 and %d threads",
+                             bf ? "bf16" : "f32", ta, tb, acc, (long)M, (long)N, (long)K, t + 1);
+            free(A), free(B), free(C0), free(C[0]), free(C[1]), free(C[2]), free(A16), free(B16);
         }
     gemm_destroy(g);
 }
