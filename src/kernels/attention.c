@@ -22,9 +22,12 @@
  * product has group·qblock rows against that kv head's K or V (twice the rows per call
  * for qwen3's group of 2, the same keys read once): two [group·qblock, S] strips
  * (probabilities and their gradient), and the stacked query block, output gradient and
- * output [group·qblock, HD]. The strips' row stride ld_s is S rounded up to 16, plus 16 floats: dK and dV
- * walk the strips down a column, and at a stride of exactly 4 KiB every row maps to one L1
- * set; 64 bytes more puts consecutive rows in consecutive sets. */
+ * output [group·qblock, HD]; in backward also the stacked query block and output gradient
+ * transposed, [HD, group·qblock], and the kv head's dK and dV accumulators, [HD, ld_s] each
+ * (micro-GEMM; block_tn_acc) or [S, HD] (library). The strips' row stride ld_s is S rounded up
+ * to 16, plus 16 floats: the library's dK and dV products walk the strips down a column, and
+ * at a stride of exactly 4 KiB every row maps to one L1 set; 64 bytes more puts consecutive
+ * rows in consecutive sets (and the transposed accumulators' rows likewise). */
 enum { PANEL = 32 };
 static int64_t strided_s(int64_t S) { return (S + 15) / 16 * 16 + 16; }
 static int64_t panel_floats(const attn_shape_t *a) {
