@@ -91,6 +91,12 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
             return NULL;
         }
     }
+    /* oneDNN registers each JIT kernel with VTune by default, and the first registration
+     * dlopen()s libJitPI.so, which is not there: on whichever OpenMP thread first JIT-compiles
+     * a kernel, glibc keeps that failure's message, and LeakSanitizer once reported it as a
+     * 24-byte leak at exit (a sanitizer test's run then aborted). DNNL_JIT_PROFILE, where the
+     * user sets it (2 writes the perf map that names the JIT kernels for `perf report`), wins. */
+    if (!getenv("DNNL_JIT_PROFILE")) dnnl_set_jit_profiling_flags(DNNL_JIT_PROFILE_NONE);
     if (dnnl_engine_create(&g->engine, dnnl_cpu, 0) != dnnl_success ||
         dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags) != dnnl_success) {
         snprintf(err, errlen, "oneDNN could not create a CPU engine (is libdnnl2 installed?)");
