@@ -566,3 +566,18 @@ def test_valgrind_no_leaks_no_errors(tmp_path, case):
     assert re.search(r"definitely lost: 0 bytes", r.stderr) or "All heap blocks were freed" in r.stderr, r.stderr[-3000:]
     if case == "run":
         metrics_whole(tmp_path / "out" / RUN / "metrics.jsonl")
+
+
+def test_no_failed_library_loads_on_compute_threads(tmp_path):
+    """oneDNN's default VTune JIT registration dlopen()ed the absent libJitPI.so from an OpenMP
+    worker, and glibc's kept message for that failure was once reported by LeakSanitizer as a
+    leak at exit, aborting a sanitizer run. gemm_create turns the registration off (unless
+    DNNL_JIT_PROFILE is set): the loader's own log must show no attempt to load it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("STEPSCOPE_EVENT_LOG", "DNNL_JIT_PROFILE")}
+    env["LD_DEBUG"] = "files"
+    r = subprocess.run([str(BIN), str(CONFIG), "model_name=tiny", f"device_peak_tflops={PEAK}", "steps=2",
+                        "profiler=", f"run_name={RUN}", f"base_output_directory={tmp_path / 'out'}"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "file=libdnnl.so" in r.stderr, "LD_DEBUG=files logged nothing: the check would prove nothing"
+    assert "libJitPI" not in r.stderr, [line for line in r.stderr.splitlines() if "libJitPI" in line][:3]
