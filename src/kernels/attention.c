@@ -317,7 +317,8 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
          * apart (16 KiB), and every block product read and wrote C there. */
         float *dkp = dq_stack + max_rows * HD, *dvp = dkp + ls * HD;
         memset(dkp, 0, (size_t)(2 * ls * HD) * sizeof(float));
-        const int64_t ld_dkv = g ? HD : ls;
+        /* key k's dK and dV: row k of the [S, HD] rows, or column k of the [HD, ls] columns */
+        const int64_t ld_dkv = g ? HD : ls, key_step = g ? HD : 1;
         float *di = dvp + ls * HD; /* the query block's Σ dO·O, one per stacked row */
         float *q_stack_t = di + max_rows, *do_stack_t = q_stack_t + max_rows * HD; /* [HD, rows] */
         const float *kp = kc_of(scratch, a, b, kvh), *vp = v_of(scratch, a, b, kvh), *ktp = kt_of(scratch, a, b, kvh);
@@ -351,9 +352,8 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
                                          di[r]);
                 }
                 block_nn(g, rows, HD, k0, kw, S, dp, lc, kp, dq_stack, HD, k0 > 0);
-                float *dk_chunk = g ? dkp + k0 * HD : dkp + k0, *dv_chunk = g ? dvp + k0 * HD : dvp + k0;
-                block_tn_acc(g, kw, HD, rows, dp, lc, q_stack, q_stack_t, dk_chunk, ld_dkv);
-                block_tn_acc(g, kw, HD, rows, p, lc, do_stack, do_stack_t, dv_chunk, ld_dkv);
+                block_tn_acc(g, kw, HD, rows, dp, lc, q_stack, q_stack_t, dkp + k0 * key_step, ld_dkv);
+                block_tn_acc(g, kw, HD, rows, p, lc, do_stack, do_stack_t, dvp + k0 * key_step, ld_dkv);
             }
             unstack_heads(dq, ld_dq, dq_stack, b * S + i0, h0, group, nq, HD);
         }

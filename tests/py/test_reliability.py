@@ -38,10 +38,12 @@ RUN = "r"
 SAN_BIN = ROOT / "build-san" / "stepscope"
 
 
-def run(cwd, args, out=None, preexec_fn=None, timeout=120, binary=BIN):
-    """The binary with cwd=cwd; base_output_directory=out (default cwd/out)."""
+def run(cwd, args, out=None, preexec_fn=None, timeout=120, binary=BIN, extra_env=None):
+    """The binary with cwd=cwd; base_output_directory=out (default cwd/out); extra_env added to
+    the environment."""
     cmd = [str(binary), *args, f"base_output_directory={out or cwd / 'out'}"]
-    env = {k: v for k, v in os.environ.items() if k != "STEPSCOPE_EVENT_LOG"}
+    env = {k: v for k, v in os.environ.items() if k not in ("STEPSCOPE_EVENT_LOG", "DNNL_JIT_PROFILE")}
+    env.update(extra_env or {})
     # under ASan, leaks too: a refused run frees what it took (checked clean, no suppressions);
     # an impossible allocation returns NULL, as glibc's does, for the code to refuse
     env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=1:allocator_may_return_null=1"
@@ -573,11 +575,8 @@ def test_no_failed_library_loads_on_compute_threads(tmp_path):
     worker, and glibc's kept message for that failure was once reported by LeakSanitizer as a
     leak at exit, aborting a sanitizer run. gemm_create turns the registration off (unless
     DNNL_JIT_PROFILE is set): the loader's own log must show no attempt to load it."""
-    env = {k: v for k, v in os.environ.items() if k not in ("STEPSCOPE_EVENT_LOG", "DNNL_JIT_PROFILE")}
-    env["LD_DEBUG"] = "files"
-    r = subprocess.run([str(BIN), str(CONFIG), "model_name=tiny", f"device_peak_tflops={PEAK}", "steps=2",
-                        "profiler=", f"run_name={RUN}", f"base_output_directory={tmp_path / 'out'}"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = run(tmp_path, [str(CONFIG), "model_name=tiny", f"device_peak_tflops={PEAK}", "steps=2", "profiler=",
+                       f"run_name={RUN}"], extra_env={"LD_DEBUG": "files"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "file=libdnnl.so" in r.stderr, "LD_DEBUG=files logged nothing: the check would prove nothing"
     assert "libJitPI" not in r.stderr, [line for line in r.stderr.splitlines() if "libJitPI" in line][:3]
