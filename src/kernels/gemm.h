@@ -23,6 +23,8 @@ typedef struct gemm_ctx gemm_ctx_t;
  *           kernels would take with rows a multiple of 2 KiB staged in padded blocks first
  *           (gemm_dnnl.c, gemm_widen.h);
  *   MKL     Intel oneMKL's cblas_sgemm / cblas_gemm_bf16bf16f32, loaded at run time (gemm_mkl.h);
+ *           on CPUs other than Intel's, where its strict reproducible mode does not hold across
+ *           thread counts, in the same shape-fixed panels, one sequential call each;
  *   AUTO    MKL on Intel CPUs where it loads, else oneDNN. On the Intel Xeon (AMX) VM MKL ran
  *           the qwen3-0.6b shapes 1.18x faster in fp32 and 1.42x in bf16 (bench/gemm_shapes);
  *           MKL's fast paths are Intel-only, so AMD keeps oneDNN (on the AVX2-only Zen 3 MKL's

@@ -31,6 +31,7 @@ struct gemm_ctx {
     int num_entries, cap_entries;
     int last_hit;
     const mkl_blas_t *mkl; /* set when MKL runs the products */
+    bool mkl_panels;       /* ... in run_panels' shape-fixed panels, one sequential call each */
     bool bf16_tiles;       /* bf16 products of whole 32-blocks run on amx_gemm.c */
     bf16_t *tile_work;     /* its packing space, for tile_work_threads threads */
     int tile_work_threads;
@@ -91,6 +92,12 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
             return NULL;
         }
     }
+    /* MKL's strict reproducible mode keeps a product's bits whatever the thread count only on
+     * its AVX2 and AVX-512 code branches, which it takes on Intel CPUs alone: on the AMD Zen 3
+     * it refused MKL_CBWR_AVX2 (unsupported branch), and under MKL_CBWR_AUTO | STRICT its
+     * [16 × 32 × 20480] and [8 × 8 × 65536] products differed at 3 threads from 1. Elsewhere
+     * its products run in the panels oneDNN's gemm driver gets, each on one thread. */
+    g->mkl_panels = g->mkl && !__builtin_cpu_is("intel");
     /* oneDNN registers each JIT kernel with VTune by default, and the first registration
      * dlopen()s libJitPI.so, which is not there: on whichever OpenMP thread first JIT-compiles
      * a kernel, glibc keeps that failure's message, and LeakSanitizer once reported it as a
@@ -108,7 +115,10 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     g->avx512 = avx512;
     g->bf16_widens = !(g->mkl && mkl_has_bf16(g->mkl)) && !onednn_has_bf16(g);
     if (g->mkl)
-        snprintf(g->detail, sizeof g->detail, "mkl (%s%s)", mkl_blas_path(g->mkl),
+        snprintf(g->detail, sizeof g->detail, "mkl (%s%s%s)", mkl_blas_path(g->mkl),
+                 g->mkl_panels ? "; not an Intel CPU: each product in shape-fixed panels, one thread each, so the "
+                                 "bits do not depend on the thread count"
+                               : "",
                  mkl_has_bf16(g->mkl) ? ""
                  : g->bf16_widens     ? "; bf16 products widened to fp32"
                                       : "; bf16 products on oneDNN");
@@ -146,7 +156,7 @@ static bool f32_stages(const gemm_ctx_t *g) { return !g->mkl && !g->avx512; }
 bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16) {
     bool tiles = !bf16 || !g->bf16_tiles || tile_work_for(g, threads);
     /* fp32 on the gemm driver (and bf16 widened into it) may split over K: see run_panels */
-    bool panels = g->mkl || ksplit_work_ready(g);
+    bool panels = (g->mkl && !g->mkl_panels) || ksplit_work_ready(g);
     return tiles && panels && (!(bf16 ? g->bf16_widens : f32_stages(g)) || widen_work_ready(g));
 }
 bool gemm_bf16_tiles(const gemm_ctx_t *g) { return g->bf16_tiles; }
@@ -353,8 +363,33 @@ static int64_t split_k_at(gemm_ctx_t *g, const gemm_entry_t *key) {
     return splits && ksplit_work_ready(g) ? half : 0;
 }
 
-static void run_split_k(const gemm_ctx_t *g, const gemm_entry_t *key, int64_t k_half, const float *A,
-                        const float *B, float *C) {
+/* op(A) and op(B) of key's product from element (i0, k0), resp. (k0, j0), on: key's operands
+ * are fp32, or bf16 where MKL runs them in panels. */
+static const void *a_at(const gemm_entry_t *key, const void *A, int64_t i0, int64_t k0) {
+    int64_t at = key->trans_a ? k0 * key->lda + i0 : i0 * key->lda + k0;
+    return (const char *)A + at * (key->bf16_inputs ? 2 : 4);
+}
+static const void *b_at(const gemm_entry_t *key, const void *B, int64_t k0, int64_t j0) {
+    int64_t at = key->trans_b ? j0 * key->ldb + k0 : k0 * key->ldb + j0;
+    return (const char *)B + at * (key->bf16_inputs ? 2 : 4);
+}
+
+/* One panel's product C[m, n] (+)= op(a)·op(b) over k on the calling thread (a sequential call
+ * of the library: the caller's region has set one thread). */
+static void panel_product(const gemm_ctx_t *g, const gemm_entry_t *key, int64_t m, int64_t n, int64_t k,
+                          const void *a, const void *b, bool accumulate, float *c, int64_t ldc) {
+    if (g->mkl && key->bf16_inputs)
+        mkl_gemm_bf16(g->mkl, key->trans_a, key->trans_b, m, n, k, a, key->lda, b, key->ldb, c, ldc, accumulate);
+    else if (g->mkl)
+        mkl_sgemm(g->mkl, key->trans_a, key->trans_b, m, n, k, a, key->lda, b, key->ldb, c, ldc, accumulate);
+    else
+        check(dnnl_sgemm(key->trans_a ? 'T' : 'N', key->trans_b ? 'T' : 'N', m, n, k, 1.0f, a, key->lda, b, key->ldb,
+                         accumulate ? 1.0f : 0.0f, c, ldc),
+              "sgemm");
+}
+
+static void run_split_k(const gemm_ctx_t *g, const gemm_entry_t *key, int64_t k_half, const void *A,
+                        const void *B, float *C) {
     const int64_t M = key->M, N = key->N;
     float *second = g->ksplit_work;
     int team = omp_in_parallel() || omp_get_max_threads() < 2 ? 1 : 2;
@@ -364,12 +399,8 @@ static void run_split_k(const gemm_ctx_t *g, const gemm_entry_t *key, int64_t k_
 #pragma omp for schedule(static)
         for (int half = 0; half < 2; half++) {
             int64_t k0 = half ? k_half : 0, k = half ? key->K - k_half : k_half;
-            const float *a = key->trans_a ? A + k0 * key->lda : A + k0;
-            const float *b = key->trans_b ? B + k0 : B + k0 * key->ldb;
-            check(dnnl_sgemm(key->trans_a ? 'T' : 'N', key->trans_b ? 'T' : 'N', M, N, k, 1.0f, a, key->lda, b,
-                             key->ldb, half == 0 && key->accumulate ? 1.0f : 0.0f, half ? second : C,
-                             half ? N : key->ldc),
-                  "sgemm");
+            panel_product(g, key, M, N, k, a_at(key, A, 0, k0), b_at(key, B, k0, 0), half == 0 && key->accumulate,
+                          half ? second : C, half ? N : key->ldc);
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < M; i++)
@@ -378,7 +409,7 @@ static void run_split_k(const gemm_ctx_t *g, const gemm_entry_t *key, int64_t k_
     }
 }
 
-static void run_panels(gemm_ctx_t *g, const gemm_entry_t *key, const float *A, const float *B, float *C) {
+static void run_panels(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const void *B, float *C) {
     int64_t rows, cols;
     panel_grid(g, key->M, key->N, key->K, &rows, &cols);
     int64_t grid_n = ceil_div(key->N, cols), panels = ceil_div(key->M, rows) * grid_n;
@@ -398,11 +429,8 @@ static void run_panels(gemm_ctx_t *g, const gemm_entry_t *key, const float *A, c
         for (int64_t p = 0; p < panels; p++) {
             int64_t i0 = p / grid_n * rows, j0 = p % grid_n * cols;
             int64_t m = key->M - i0 < rows ? key->M - i0 : rows, n = key->N - j0 < cols ? key->N - j0 : cols;
-            const float *a = key->trans_a ? A + i0 : A + i0 * key->lda;
-            const float *b = key->trans_b ? B + j0 * key->ldb : B + j0;
-            check(dnnl_sgemm(key->trans_a ? 'T' : 'N', key->trans_b ? 'T' : 'N', m, n, key->K, 1.0f, a, key->lda, b,
-                             key->ldb, key->accumulate ? 1.0f : 0.0f, C + i0 * key->ldc + j0, key->ldc),
-                  "sgemm");
+            panel_product(g, key, m, n, key->K, a_at(key, A, i0, 0), b_at(key, B, 0, j0), key->accumulate,
+                          C + i0 * key->ldc + j0, key->ldc);
         }
     }
 }
@@ -448,12 +476,13 @@ static void run(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const voi
 void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
               const float *A, int64_t lda, const float *B, int64_t ldb,
               float *C, int64_t ldc, bool accumulate) {
-    if (g->mkl && M > 0 && N > 0 && K > 0) {
-        mkl_sgemm(g->mkl, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
-        return;
-    }
     gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate,
                         .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
+    if (g->mkl && M > 0 && N > 0 && K > 0) {
+        if (g->mkl_panels) run_panels(g, &key, A, B, C);
+        else mkl_sgemm(g->mkl, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+        return;
+    }
     run(g, &key, A, B, C);
 }
 
@@ -469,12 +498,13 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
         amx_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads);
         return;
     }
-    if (g->mkl && M > 0 && N > 0 && K > 0 && mkl_has_bf16(g->mkl)) {
-        mkl_gemm_bf16(g->mkl, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
-        return;
-    }
     gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate, .bf16_inputs = true,
                         .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
+    if (g->mkl && M > 0 && N > 0 && K > 0 && mkl_has_bf16(g->mkl)) {
+        if (g->mkl_panels) run_panels(g, &key, A, B, C);
+        else mkl_gemm_bf16(g->mkl, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+        return;
+    }
     run(g, &key, A, B, C);
 }
 
