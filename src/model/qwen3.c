@@ -68,8 +68,16 @@ int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, qwen3_remat_t remat
 
 int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d) {
     int64_t T = d->B * d->S;
+    /* At most ~256 MiB of logits, or XENT_MIN_CAP tokens where that is more (445 MiB at V =
+     * 151936), so that split chunks keep over 384 tokens each. Short chunks slowed the head's
+     * matmuls on the AVX2 Zen 3: a 352-token chunk's input gradient (352 × 1024 at K = V) fell
+     * under oneDNN's copy-kernel threshold (1/352 + 1/1024 ≥ 0.0038: no-copy, staged) and ran at
+     * 91 GFLOP/s against 136 in 512-token chunks, and each of the head's products reads or
+     * accumulates all of W [V, D] once per chunk: qwen3-0.6b steps of 1024 tokens took 33.3 and
+     * 35.1 s in 512-token chunks against 38.3 and 41.5 s in 352 (two alternated rounds). */
+    enum { XENT_MIN_CAP = 768 };
     int64_t cap = (256LL << 20) / (int64_t)sizeof(float) / d->V;
-    if (cap < 32) cap = 32;
+    if (cap < XENT_MIN_CAP) cap = XENT_MIN_CAP;
     if (T <= cap) return T;
     /* Equal chunks, a multiple of 32 tokens each: the head's matmuls run AMX tiles of 16 rows
      * (and AVX-512 blocks of 16 or 32), and a ragged row count cost the qwen3-0.6b bf16 step

@@ -91,11 +91,12 @@ typedef enum { QWEN3_REMAT_NONE, QWEN3_REMAT_MINIMAL, QWEN3_REMAT_FULL } qwen3_r
 /* Activation and scratch sizes, in floats, for the plan. */
 int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, qwen3_remat_t remat);
 int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16, qwen3_remat_t remat);
-/* The default chunk: at most as many tokens as keep one chunk of logits near 256 MiB (441 for
- * V=151936), split into equal chunks of a multiple of 32 tokens (352 at 1024 tokens). The
- * chunk is the M or K of the head's three GEMMs: at 110 tokens (64 MiB) they ran 1.2x (fp32) to
- * 1.5x (bf16) slower than at 256-512, and a row count off the multiples of 16 slowed MKL's
- * bf16 (AMX) products (bench/gemm_shapes prints the head GEMMs at a chosen chunk). */
+/* The default chunk: at most as many tokens as keep one chunk of logits near 256 MiB, or 768
+ * where that is more (768 for V=151936: 445 MiB), split into equal chunks of a multiple of 32
+ * tokens (512 at 1024 tokens, 704 at 2048). The chunk is the M or K of the head's three GEMMs:
+ * at 110 tokens (64 MiB) they ran 1.2x (fp32) to 1.5x (bf16) slower than at 256-512, at 352 the
+ * input gradient left oneDNN's AVX2 copy kernels (qwen3.c), and a row count off the multiples of
+ * 16 slowed MKL's bf16 (AMX) products (bench/gemm_shapes prints the head GEMMs at a chosen chunk). */
 int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d);
 
 typedef struct qwen3_model qwen3_model_t;
