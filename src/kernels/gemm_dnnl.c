@@ -95,7 +95,7 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     /* MKL's strict reproducible mode keeps a product's bits whatever the thread count only on
      * its AVX2 and AVX-512 code branches, which it takes on Intel CPUs alone: on the AMD Zen 3
      * it refused MKL_CBWR_AVX2 (unsupported branch), and under MKL_CBWR_AUTO | STRICT its
-     * [16 × 32 × 20480] and [8 × 8 × 65536] products differed at 3 threads from 1. Elsewhere
+     * [16 × 32 × 20480] products (and one form of [8 × 8 × 65536]) differed at 3 threads from 1. Elsewhere
      * its products run in the panels oneDNN's gemm driver gets, each on one thread. */
     g->mkl_panels = g->mkl && !__builtin_cpu_is("intel");
     /* oneDNN registers each JIT kernel with VTune by default, and the first registration
