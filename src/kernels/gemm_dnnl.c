@@ -95,8 +95,8 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     /* MKL's strict reproducible mode keeps a product's bits whatever the thread count only on
      * its AVX2 and AVX-512 code branches, which it takes on Intel CPUs alone: on the AMD Zen 3
      * it refused MKL_CBWR_AVX2 (unsupported branch), and under MKL_CBWR_AUTO | STRICT its
-     * [16 × 32 × 20480] products (and one form of [8 × 8 × 65536]) differed at 3 threads from 1. Elsewhere
-     * its products run in the panels oneDNN's gemm driver gets, each on one thread. */
+     * [16 × 32 × 20480] products (and one form of [8 × 8 × 65536]) differed at 3 threads from
+     * 1. Elsewhere its products run in the panels oneDNN's gemm driver gets, each on one thread. */
     g->mkl_panels = g->mkl && !__builtin_cpu_is("intel");
     /* oneDNN registers each JIT kernel with VTune by default, and the first registration
      * dlopen()s libJitPI.so, which is not there: on whichever OpenMP thread first JIT-compiles
@@ -374,8 +374,8 @@ static const void *b_at(const gemm_entry_t *key, const void *B, int64_t k0, int6
     return (const char *)B + at * (key->bf16_inputs ? 2 : 4);
 }
 
-/* One panel's product C[m, n] (+)= op(a)·op(b) over k on the calling thread (a sequential call
- * of the library: the caller's region has set one thread). */
+/* C[m, n] (+)= op(a)·op(b) over k in one call of the library: a panel's, on the calling thread
+ * where the caller's region has set one thread, or a whole product handed to MKL. */
 static void panel_product(const gemm_ctx_t *g, const gemm_entry_t *key, int64_t m, int64_t n, int64_t k,
                           const void *a, const void *b, bool accumulate, float *c, int64_t ldc) {
     if (g->mkl && key->bf16_inputs)
@@ -435,6 +435,12 @@ static void run_panels(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, co
     }
 }
 
+/* A product MKL runs: whole on Intel CPUs, in shape-fixed panels elsewhere (mkl_panels). */
+static void run_mkl(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const void *B, float *C) {
+    if (g->mkl_panels) run_panels(g, key, A, B, C);
+    else panel_product(g, key, key->M, key->N, key->K, A, B, key->accumulate, C, key->ldc);
+}
+
 /* fp32 products the gemm driver would run on its no-copy kernels with an operand's rows a
  * multiple of 2 KiB: those rows crowd a few L1 sets, and the LM head's input gradient (dlogits ·
  * W, 352 × 1024 at K = 151936, W's rows 4 KiB) ran at 72 GFLOP/s on 2 Zen 3 cores where the
@@ -479,8 +485,7 @@ void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, i
     gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate,
                         .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
     if (g->mkl && M > 0 && N > 0 && K > 0) {
-        if (g->mkl_panels) run_panels(g, &key, A, B, C);
-        else mkl_sgemm(g->mkl, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+        run_mkl(g, &key, A, B, C);
         return;
     }
     run(g, &key, A, B, C);
@@ -501,8 +506,7 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
     gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate, .bf16_inputs = true,
                         .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
     if (g->mkl && M > 0 && N > 0 && K > 0 && mkl_has_bf16(g->mkl)) {
-        if (g->mkl_panels) run_panels(g, &key, A, B, C);
-        else mkl_gemm_bf16(g->mkl, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+        run_mkl(g, &key, A, B, C);
         return;
     }
     run(g, &key, A, B, C);

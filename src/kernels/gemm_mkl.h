@@ -15,8 +15,9 @@ typedef struct mkl_blas mkl_blas_t;
  * build saw, then the loader's search path) once per process, and sets its threading to GNU
  * OpenMP (the process's one OpenMP runtime) with dynamic thread counts off and strict
  * reproducible mode on, so a product's bits change neither from call to call nor, on Intel
- * CPUs, with the thread count (elsewhere gemm_dnnl.c runs it in shape-fixed panels). Every caller shares the one loaded library (nothing to close). NULL with a
- * message when it cannot be loaded or set up. */
+ * CPUs, with the thread count (elsewhere gemm_dnnl.c runs it in shape-fixed panels). Every
+ * caller shares the one loaded library (nothing to close). NULL with a message when it cannot
+ * be loaded or set up. */
 const mkl_blas_t *mkl_blas_open(char *err, size_t errlen);
 
 /* The file it was loaded from. */
