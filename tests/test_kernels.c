@@ -1281,8 +1281,13 @@ static void attn_free(attn_bufs_t *x) {
     free(x->qkv), free(x->dqkv), free(x->out), free(x->lse), free(x->R);
 }
 
+/* Filled with NaN: a kernel that reads scratch it has not written (the products skip the masked
+ * part of the diagonal blocks, so the strips hold stale entries there) turns its outputs NaN. */
 static float *attn_scratch(const attn_shape_t *a) {
-    return falloc((size_t)attention_scratch_floats(a, omp_get_max_threads()));
+    size_t n = (size_t)attention_scratch_floats(a, omp_get_max_threads());
+    float *s = falloc(n);
+    fill_const(s, n, NAN);
+    return s;
 }
 
 static void attn_forward(attn_bufs_t *x) {

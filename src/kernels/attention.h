@@ -17,7 +17,8 @@
  * keys 128 at a time. On the AVX2 Zen 3, interleaved call by call against 128 × 128 at
  * qwen3-0.6b's heads (bench/attention_blocks.c), this ran the forward 1.06× and the backward
  * 1.08× at S = 1024, 1.04× and 1.11× at 4096, 1.10× and 1.15× at 256 (smaller diagonal blocks,
- * whose masked half is computed, and a strip working set nearer the 512 KiB L2). */
+ * and a strip working set nearer the 512 KiB L2). Within a block, the products skip the key
+ * panels of 32 a row cannot see (attention.c, "The causal mask inside a query block"). */
 enum { ATTN_QBLOCK = 64, ATTN_QBLOCK_BF16 = 128 };
 enum { ATTN_KCHUNK = 128 };
 

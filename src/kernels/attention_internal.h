@@ -8,23 +8,20 @@
 #include "kernels/attention.h"
 #include "kernels/bf16.h"
 
-/* The forward's softmax. Row r of strip [nq, ld] holds raw scores for query i = i0 + r against
- * keys [0, kend); the masked rest (keys past i) is zeroed. lse (in scaled units) is computed and
- * the rows are left unnormalised, exp(scale·s − max), with 1/Σ in row_inv_sum[r]: the caller
- * scales the [nq, HD] output rows instead of the [nq, kend] probabilities (attention_scale_rows). */
-void attention_softmax_rows(float *strip, int64_t ld, int64_t i0, int64_t nq, int64_t kend, float scale,
-                            float *lse_out, float *row_inv_sum);
-
-/* The forward form of attention_softmax_rows with the probabilities written to dst in bf16 (row
- * stride ld_dst) as they are computed, the strip left as it is: the P of a bf16 P·V product,
- * without writing an fp32 strip and reading it again. The same bits as rounding the fp32 form. */
+/* The forward's softmax with the probabilities written to dst in bf16 (row stride ld_dst) as
+ * they are computed. Row r of strip [nq, ld] holds raw scores for query i = i0 + r against keys
+ * [0, kend), and is left as it is; dst's masked rest (keys past i) is zeroed. lse (in scaled
+ * units) is computed and the probabilities are left unnormalised, exp(scale·s − max), with 1/Σ
+ * in row_inv_sum[r]: the caller scales the [nq, HD] output rows instead of the [nq, kend]
+ * probabilities (attention_scale_rows). This is the P of a bf16 P·V product, without writing an
+ * fp32 strip and reading it again; the same bits as rounding the fp32 kernel's. */
 void attention_softmax_rows_to_bf16(bf16_t *dst, int64_t ld_dst, const float *strip, int64_t ld, int64_t i0,
                                     int64_t nq, int64_t kend, float scale, float *lse_out, float *row_inv_sum);
 
 /* The backward's P and dS, for every kernel, for keys [j0, j0 + n) of one query row (j0 a
- * multiple of 16), into p[n] and ds[n]: p = exp(score_scale·scores − lse) below visible and 0
- * from it on, ds = ds_scale·p·(dp − di) (the softmax's 1/sqrt(HD) folded in for the dQ and dK
- * products). In place is allowed (p = scores + j0, ds = dp + j0): the fp32 kernel passes whole
+ * multiple of 16), into p[n] and ds[n]: p = exp(score_scale·scores − lse) and ds =
+ * ds_scale·p·(dp − di) below visible (the softmax's 1/sqrt(HD) folded in for the dQ and dK
+ * products), both 0 from it on; scores and dp are read below visible only. In place is allowed (p = scores + j0, ds = dp + j0): the fp32 kernel passes whole
  * rows of its strips; the bf16 kernels take PD_CHUNK keys at a time through L1 and round and
  * pack P and dS from there, without writing fp32 strips and reading them again. */
 enum { PD_CHUNK = 256 }; /* keys per attention_p_ds_chunk call in the bf16 kernels: 4 KiB of P and dS */
