@@ -78,7 +78,9 @@ int main(int argc, char **argv) {
         bf16_from_f32_array(x16, x, t * in);
         bf16_from_f32_array(W16, W, out * in);
         bf16_from_f32_array(dy16, dy, t * out);
-        static const char *forms[] = {"fwd   y=x·Wᵀ", "wgrad dW+=dyᵀ·x", "dgrad dx=dy·W"};
+        /* the weight gradient as the step runs it: written by a layer's one product, added by
+         * the head's later chunks */
+        const char *forms[] = {"fwd   y=x·Wᵀ", head ? "wgrad dW+=dyᵀ·x" : "wgrad dW=dyᵀ·x", "dgrad dx=dy·W"};
         double ts[NVAR][3][64];
         for (int r = -1; r < reps; r++) /* r = -1 creates the primitives, untimed */
             for (int k = 0; k < NVAR; k++)
@@ -93,8 +95,8 @@ int main(int argc, char **argv) {
                         else gemm_f32(c, false, true, t, out, in, x, in, W, in, y, out, false);
                         break;
                     case 1:
-                        if (bf) gemm_bf16(c, true, false, out, in, t, dy16, out, x16, in, dW, in, true);
-                        else gemm_f32(c, true, false, out, in, t, dy, out, x, in, dW, in, true);
+                        if (bf) gemm_bf16(c, true, false, out, in, t, dy16, out, x16, in, dW, in, head);
+                        else gemm_f32(c, true, false, out, in, t, dy, out, x, in, dW, in, head);
                         break;
                     case 2:
                         if (bf) gemm_bf16(c, false, false, t, in, out, dy16, out, W16, in, dx, in, false);

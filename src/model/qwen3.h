@@ -130,8 +130,10 @@ void qwen3_destroy(qwen3_model_t *m);
  * has them), the matmul library, or our micro-GEMM (fp32; AVX-512 or AVX2). */
 const char *qwen3_attention_blocks(const qwen3_model_t *m);
 
-/* Forward, mean cross-entropy over the B·S targets, and backward: gradients are added into
- * the gradient buffer (the optimizer zeroes it). tokens: [B, S+1], row stride S+1; inputs
+/* Forward, mean cross-entropy over the B·S targets, and backward: the matmul weights'
+ * gradients are written by their first product of the step, the norm and embedding gradients
+ * added into the gradient buffer (the optimizer zeroes it; a tied head's embedding gradient
+ * adds onto the head's). tokens: [B, S+1], row stride S+1; inputs
  * are tokens[:, 0:S], targets tokens[:, 1:S+1]. Returns the loss. */
 double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens);
 
