@@ -182,6 +182,29 @@ static void test_untied_wide_loss_and_grads(void **st) { (void)st; check_loss_an
 static void test_tied_gqa_three_steps(void **st) { (void)st; check_three_steps("tied_gqa"); }
 static void test_untied_wide_three_steps(void **st) { (void)st; check_three_steps("untied_wide"); }
 
+/* The gradient buffer's contract: backward writes every matmul weight's gradient and adds into
+ * the rest, which qwen3_zero_accumulated_grads zeroes. So with the buffer full of NaN and only
+ * those entries zeroed, a backward gives the gradients of one from an all-zero buffer bit for
+ * bit: an entry it read without writing first, or one the zeroing missed, would be NaN. */
+static void check_grads_over_stale_buffer(const char *name) {
+    fixture_t f;
+    load_fixture(&f, name);
+    int64_t n = f.plan.num_params;
+    memset(f.state.grads, 0, (size_t)n * sizeof(float));
+    double loss = qwen3_forward_backward(f.state.model, f.tokens);
+    float *g = malloc((size_t)n * sizeof(float));
+    memcpy(g, f.state.grads, (size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) f.state.grads[i] = NAN;
+    qwen3_zero_accumulated_grads(f.state.model);
+    assert_true(loss == qwen3_forward_backward(f.state.model, f.tokens));
+    assert_memory_equal(g, f.state.grads, (size_t)n * sizeof(float));
+    free(g);
+    free_fixture(&f);
+}
+
+static void test_tied_gqa_grads_over_stale_buffer(void **st) { (void)st; check_grads_over_stale_buffer("tied_gqa"); }
+static void test_untied_wide_grads_over_stale_buffer(void **st) { (void)st; check_grads_over_stale_buffer("untied_wide"); }
+
 /* Rematerialisation recomputes what it did not keep with the same kernels on the same inputs:
  * the gradients equal remat none's bit for bit, and the plan keeps less (full < minimal < none). */
 static void test_remat_matches_none(void **st) {
@@ -425,6 +448,8 @@ int main(void) {
         cmocka_unit_test(test_untied_wide_loss_and_grads),
         cmocka_unit_test(test_tied_gqa_three_steps),
         cmocka_unit_test(test_untied_wide_three_steps),
+        cmocka_unit_test(test_tied_gqa_grads_over_stale_buffer),
+        cmocka_unit_test(test_untied_wide_grads_over_stale_buffer),
         cmocka_unit_test(test_remat_matches_none),
         cmocka_unit_test(test_tiny_model_learns),
         cmocka_unit_test(test_init_statistics_and_determinism),

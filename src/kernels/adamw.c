@@ -32,7 +32,7 @@ float adamw_clip_scale(double raw_norm, double clip) {
     return coef < 1.0 ? (float)coef : 1.0f;
 }
 
-void adamw_update(float *p, float *m, float *v, float *g, int64_t n, int64_t step,
+void adamw_update(float *p, float *m, float *v, const float *g, int64_t n, int64_t step,
                   float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16) {
     const float b1 = h->b1, b2 = h->b2, eps = h->eps;
     const float bc1 = (float)(1.0 - pow(h->b1, (double)step));
@@ -54,7 +54,6 @@ void adamw_update(float *p, float *m, float *v, float *g, int64_t n, int64_t ste
             v[i] = vi;
             float denom = sqrtf(vi) / bc2_sqrt + eps;
             p[i] = p[i] * decay - step_size * mi / denom;
-            g[i] = 0.0f;
         }
         if (p_bf16) bf16_from_f32_block(p_bf16 + i0, p + i0, i1 - i0);
     }

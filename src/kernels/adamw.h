@@ -3,8 +3,10 @@
  *   scale = min(1, clip / (‖g‖ + 1e-6))  (clip > 0; 1 otherwise)
  *   m = b1·m + (1−b1)·g·scale ;  v = b2·v + (1−b2)·(g·scale)²
  *   p −= lr·( (m/(1−b1^t)) / (sqrt(v/(1−b2^t)) + eps) + wd·p )
- * One fused pass reads g, p, m, v and writes p, m, v, and zeroes g for the next step's
- * accumulation, since the update is bound by memory bandwidth. */
+ * One fused pass reads g, p, m, v and writes p, m, v, since the update is bound by memory
+ * bandwidth. It leaves g as it is: most of the model's gradients are written afresh each step,
+ * and the caller zeroes the few that accumulate (qwen3_zero_accumulated_grads), where zeroing
+ * the whole of g in this pass wrote 2.4 GB a step for qwen3-0.6b. */
 #ifndef STEPSCOPE_ADAMW_H
 #define STEPSCOPE_ADAMW_H
 
@@ -25,9 +27,9 @@ double adamw_sum_squares(const float *g, int64_t n, double *partials);
 /* Clip factor torch's clip_grad_norm_ applies for a raw norm (1 when clip <= 0). */
 float adamw_clip_scale(double raw_norm, double clip);
 
-/* p[n], m[n], v[n], g[n]; step is 1-based. g is scaled by grad_scale and zeroed. When p_bf16
+/* p[n], m[n], v[n], g[n]; step is 1-based. g is scaled by grad_scale (and not written). When p_bf16
  * is not NULL it receives bf16(p) in the same pass (the matmul copy of dtype=bfloat16 runs). */
-void adamw_update(float *p, float *m, float *v, float *g, int64_t n, int64_t step,
+void adamw_update(float *p, float *m, float *v, const float *g, int64_t n, int64_t step,
                   float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16);
 
 #endif

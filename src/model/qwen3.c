@@ -653,6 +653,20 @@ static void grads_ready(qwen3_model_t *m, const float *lo, const float *hi) {
     if (m->opt.grads_ready) m->opt.grads_ready(m->opt.grads_ready_arg, lo - m->dw.embed, hi - lo);
 }
 
+void qwen3_zero_accumulated_grads(qwen3_model_t *m) {
+    const qwen3_dims_t *d = &m->d;
+    for (int64_t l = 0; l < d->L; l++) {
+        qwen3_layer_params_t *g = &m->dw.layers[l];
+        /* the vectors of the layer's tensor list: its norm weights */
+#define QWEN3_ZERO_VECTOR(field, name, rows, cols, init, present)                                  \
+    if ((present) && (cols) == 0) memset(g->field, 0, (size_t)(rows) * sizeof(float));
+        QWEN3_LAYER_TENSORS(QWEN3_ZERO_VECTOR, d)
+#undef QWEN3_ZERO_VECTOR
+    }
+    memset(m->dw.final_norm, 0, (size_t)d->D * sizeof(float));
+    if (!d->tied) memset(m->dw.embed, 0, (size_t)(d->V * d->D) * sizeof(float));
+}
+
 double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens) {
     const qwen3_dims_t *d = &m->d;
     double loss = forward(m, tokens, true);
