@@ -419,8 +419,8 @@ static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, float *dW, cons
 
 /* dx = dy·W and dW = dyᵀ·x (both written: a linear layer's weight has this one gradient product
  * per step, so it need not read the zeros the optimizer left: the weight-gradient products
- * 1.008-1.018x, flop-weighted over qwen3-0.6b's four layer shapes in bench/wgrad_write); dx may
- * alias x (x is read first). */
+ * 1.008-1.030x, flop-weighted over qwen3-0.6b's four layer shapes in three runs of
+ * bench/wgrad_write); dx may alias x (x is read first). */
 static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy,
                        const float *x, const float *W, int64_t T, int64_t out, int64_t in) {
     if (m->opt.bf16) {
