@@ -9,6 +9,7 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/gemm.h"
 #include "util/arena.h"
@@ -52,8 +53,8 @@ int main(int argc, char **argv) {
                 return 1;
             }
             float *fx = bench_filled(T * in, 1), *fy = bench_filled(T * out, 2);
-            for (int64_t i = 0; i < T * in; i++) x[s][i] = fx[i];
-            for (int64_t i = 0; i < T * out; i++) dy[s][i] = fy[i];
+            memcpy(x[s], fx, xbytes);
+            memcpy(dy[s], fy, ybytes);
             free(fx), free(fy);
         }
         double t[2][64], ratio[64];

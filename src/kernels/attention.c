@@ -130,9 +130,9 @@ static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64
 
 /* The forward's softmax of one row, raw scores for keys [0, kend) of which the first `visible`
  * are seen: exp(scale·s − max) left unnormalised, the masked rest zeroed; returns 1/Σ through
- * *inv_sum and the lse (in scaled units) through *lse_out. With dst16 the probabilities go to dst16 in bf16
- * instead of back into the row, which is then only read: the P of a bf16 P·V product, without a
- * pass that rereads an fp32 strip. */
+ * *inv_sum and the lse (in scaled units) through *lse_out. With dst16 the probabilities go to
+ * dst16 in bf16 instead of back into the row, which is then only read: the P of a bf16 P·V
+ * product, without a pass that rereads an fp32 strip. */
 static void softmax_row(float *row, bf16_t *dst16, int64_t visible, int64_t kend, float scale, float *lse_out,
                         float *inv_sum) {
     int64_t j = 0;

@@ -133,8 +133,9 @@ const char *qwen3_attention_blocks(const qwen3_model_t *m);
 /* Forward, mean cross-entropy over the B·S targets, and backward: the matmul weights'
  * gradients are written by their first product of the step; the norm weights' gradients and an
  * untied embedding's are added into the gradient buffer, which must hold zeros there (see
- * qwen3_zero_accumulated_grads; a tied head's embedding gradient adds onto the head's). tokens: [B, S+1], row stride S+1; inputs
- * are tokens[:, 0:S], targets tokens[:, 1:S+1]. Returns the loss. */
+ * qwen3_zero_accumulated_grads; a tied head's embedding gradient adds onto the head's).
+ * tokens: [B, S+1], row stride S+1; inputs are tokens[:, 0:S], targets tokens[:, 1:S+1].
+ * Returns the loss. */
 double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens);
 
 /* Zeroes the gradients qwen3_forward_backward adds into rather than writes: the norm weights'
