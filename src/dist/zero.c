@@ -6,7 +6,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 enum { ALIGN_FLOATS = 16, MAX_PIECE = 1 << 30, RING = 256 };
 
@@ -74,8 +73,8 @@ static void run_reduce(zero_t *z, int64_t a, int64_t b) {
         int64_t mine = split(z, a, b);
         float *dst = o->grad_shard + (mine - z->lo);
         comm_reduce_scatter_f32(o->shard, o->grads + a, dst, z->counts);
-        /* Sent: the local copy is free to accumulate the next step's gradients. */
-        memset(o->grads + a, 0, (size_t)(b - a) * sizeof(float));
+        /* The local copy is left as it is: the next backward writes its matmul gradients
+         * afresh, and train_step zeroes the ones that accumulate (qwen3_zero_accumulated_grads). */
         if (z->counts[z->shard_rank] > 0) comm_allreduce_sum_f32(o->replica, dst, z->counts[z->shard_rank]);
     }
     trace_end(o->trace, o->comm_lane, z->span_reduce, t0, 0);

@@ -117,10 +117,10 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     adamw_update(s->params + s->shard_lo, s->adam_m, s->adam_v, s->grad_shard, n, s->updates_done,
                  (float)(scale * inv_ranks), &s->adam, s->params_bf16 ? s->params_bf16 + s->shard_lo : NULL);
     trace_end(s->trace, 0, s->span_adamw, t0, 0);
-    /* The next backward writes most gradients afresh. With one shard the update read the model's
-     * own buffer, whose accumulated entries must go back to zero; with several, the shard is
-     * rewritten by each step's reduce-scatter and the sent local copy zeroed by zero.c. */
-    if (s->plan.shard_ranks == 1) qwen3_zero_accumulated_grads(s->model);
+    /* The next backward writes most gradients afresh; the ones it adds into go back to zero here,
+     * for one shard and several alike (with several, the reduce-scatter rewrites the shard each
+     * step and the local copy is only read by it, all of it done by zero_finish_grads above). */
+    qwen3_zero_accumulated_grads(s->model);
     if (s->zero) {
         zero_gather_params(s->zero);
         /* The update wrote the bf16 copy of this rank's shard only; the rest came in fp32. */
