@@ -585,10 +585,11 @@ static double microgemm_case(int64_t M, int64_t N, int64_t K, float alpha, bool 
 static void test_microgemm_vs_naive(void **state) {
     (void)state;
     /* M around the 6-row (AVX2) and 8-row (AVX-512) tiles and their doubles, N around the
-     * vector widths (8, 16) and the tiles' widths (16, 32). */
+     * vector widths (8, 16) and the tiles' widths (16, 32); K with every remainder of the k
+     * loop's unroll by 4. */
     static const int64_t Ms[] = {1, 3, 5, 6, 7, 8, 9, 12, 13};
     static const int64_t Ns[] = {1, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 50, 64, 70};
-    static const int64_t Ks[] = {1, 5, 24};
+    static const int64_t Ks[] = {1, 2, 5, 7, 24};
     test_rng_t rng = {3};
     double worst = 0.0;
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
