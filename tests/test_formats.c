@@ -320,13 +320,21 @@ static void test_xplane_write_atomic(void **state) {
     trace_destroy(t);
 }
 
+/* A one-lane trace naming a train step and one matmul (of layer part `part`). */
+static trace_t *one_matmul_trace(const char *lane, int tid, const char *matmul, const char *part, uint32_t *train,
+                                 uint32_t *mm) {
+    trace_t *t = trace_create(1, 64);
+    trace_set_lane(t, 0, lane, tid);
+    *train = trace_intern(t, "train", TRACE_CAT_STEP, NULL);
+    *mm = trace_intern(t, matmul, TRACE_CAT_MATMUL, part);
+    return t;
+}
+
 /* Window filtering and flops: a trace with steps 0..2, asking for step 1 only. */
 static void test_xplane_window_and_flops(void **state) {
     (void)state;
-    trace_t *t = trace_create(1, 64);
-    trace_set_lane(t, 0, "compute0", 7);
-    uint32_t train = trace_intern(t, "train", TRACE_CAT_STEP, NULL);
-    uint32_t mm = trace_intern(t, "q_proj:MatMul", TRACE_CAT_MATMUL, "attention");
+    uint32_t train, mm;
+    trace_t *t = one_matmul_trace("compute0", 7, "q_proj:MatMul", "attention", &train, &mm);
     for (int s = 0; s < 3; s++) {
         int64_t b = 1000000 * (s + 1);
         trace_record(t, 0, train, b, b + 500000, s, 0);
@@ -455,6 +463,35 @@ static trace_t *summary_trace(void) {
     return t;
 }
 
+/* The spread is weighted by flops, not by calls: one slow call with 5% of a row's flops is
+ * below its p10 (by calls it would be the p10: one call of ten). */
+static void test_summary_spread_weighted_by_flops(void **state) {
+    (void)state;
+    uint32_t train, mm;
+    trace_t *t = one_matmul_trace("compute", 10, "mm:MatMul", "mlp", &train, &mm);
+    trace_record(t, 0, train, 0, 100 * MS, 0, 0);
+    trace_record(t, 0, mm, 1 * MS, 6 * MS, -1, 0.5e9); /* 5 ms: 100 GFLOP/s */
+    for (int i = 0; i < 9; i++)                        /* 1 ms each: 1000 GFLOP/s */
+        trace_record(t, 0, mm, (10 + i) * MS, (11 + i) * MS, -1, 1e9);
+    summary_t s;
+    assert_int_equal(summary_compute(t, 0, 0, 0.0, &s), 0);
+    const summary_row_t *r = find_row(&s, "matmul", "mlp");
+    assert_non_null(r);
+    assert_int_equal(r->calls, 10);
+    assert_float_equal(r->gflops_p10, 1000.0, 1e-6);
+    assert_float_equal(r->gflops_p90, 1000.0, 1e-6);
+    assert_float_equal(r->gflops_per_s, 9.5e9 / 14e6, 1e-6);
+    summary_free(&s);
+    /* With the slow call holding 20% of the flops, p10 is the slow call's rate. */
+    trace_record(t, 0, mm, 30 * MS, 51 * MS, -1, 2.1e9); /* 21 ms: 100 GFLOP/s */
+    assert_int_equal(summary_compute(t, 0, 0, 0.0, &s), 0);
+    r = find_row(&s, "matmul", "mlp");
+    assert_float_equal(r->gflops_p10, 100.0, 1e-6);
+    assert_float_equal(r->gflops_p90, 1000.0, 1e-6);
+    summary_free(&s);
+    trace_destroy(t);
+}
+
 static void test_summary_arithmetic(void **state) {
     (void)state;
     trace_t *t = summary_trace();
@@ -474,6 +511,9 @@ static void test_summary_arithmetic(void **state) {
     assert_float_equal(r->share, 0.25, 1e-12);
     assert_float_equal(r->gflops_per_s, 8e9 / 5e6, 1e-6);   /* 1600 */
     assert_float_equal(r->pct_peak, 40.0, 1e-9);
+    /* flops 2e9 at 1000 GFLOP/s, 6e9 at 2000: the first 10% of 8e9 in the slower call, 90% in the faster */
+    assert_float_equal(r->gflops_p10, 1000.0, 1e-6);
+    assert_float_equal(r->gflops_p90, 2000.0, 1e-6);
     r = find_row(&s, "matmul", "mlp");
     assert_non_null(r);
     assert_int_equal(r->calls, 1);
@@ -484,6 +524,11 @@ static void test_summary_arithmetic(void **state) {
     r = find_row(&s, "norm", "");
     assert_int_equal(r->calls, 1);
     assert_float_equal(r->gflops_per_s, 0.0, 0);
+    assert_float_equal(r->gflops_p10, 0.0, 0);
+    assert_float_equal(r->gflops_p90, 0.0, 0);
+    r = find_row(&s, "attention", "");
+    assert_float_equal(r->gflops_p10, 1000.0, 1e-6);   /* one call: its rate, twice */
+    assert_float_equal(r->gflops_p90, 1000.0, 1e-6);
     r = find_row(&s, "attention", "attention");
     assert_float_equal(r->total_ms, 4.0, 1e-9);
     assert_null(find_row(&s, "data", ""));
@@ -509,6 +554,7 @@ static void test_summary_arithmetic(void **state) {
     char *json = (char *)read_all(path, &n);
     assert_non_null(strstr(json, "\"num_steps\":2"));
     assert_non_null(strstr(json, "{\"category\":\"matmul\",\"part\":\"mlp\",\"calls\":1,\"total_ms\":3,"));
+    assert_non_null(strstr(json, "\"gflops_p10\":2000,\"gflops_p90\":2000}"));
     free(json);
     rm_tree(dir);
     summary_free(&s);
@@ -725,6 +771,7 @@ int main(void) {
         cmocka_unit_test(test_xplane_window_and_flops),
         cmocka_unit_test(test_chrome_trace),
         cmocka_unit_test(test_summary_arithmetic),
+        cmocka_unit_test(test_summary_spread_weighted_by_flops),
         cmocka_unit_test(test_atomic_file),
         cmocka_unit_test(test_mkdir_p),
         cmocka_unit_test(test_sample_profile),

@@ -89,6 +89,9 @@ typedef struct {
     acc_t *parts;
     size_t num_parts;
     int64_t kernel_ns;
+    /* the counted spans with flops, for the rows' spreads */
+    const trace_event_t **rated;
+    size_t num_rated;
 } tally_t;
 
 /* Walk the master lane in time order and add each counted leaf span to its rows. */
@@ -114,9 +117,41 @@ static int tally_lane(const trace_t *t, const trace_lane_t *L, const step_span_t
         add(&ty->cats[nm->category], e);
         if (nm->part) add(part_acc(ty->parts, &ty->num_parts, nm->category, nm->part), e);
         ty->kernel_ns += e->end_ns - e->start_ns;
+        if (e->flops > 0 && e->end_ns > e->start_ns) ty->rated[ty->num_rated++] = e;
     }
     free(ev);
     return 0;
+}
+
+static double call_rate(const trace_event_t *e) { return e->flops / (double)(e->end_ns - e->start_ns); }
+
+static int cmp_rate(const void *pa, const void *pb) {
+    double a = call_rate(*(const trace_event_t *const *)pa), b = call_rate(*(const trace_event_t *const *)pb);
+    return (a > b) - (a < b);
+}
+
+/* p10 and p90 of a row (category cat; part, or every part when NULL), weighted by flops: the
+ * spans in ty->rated are sorted by rate once, so one walk per row finds both. */
+static void row_spread(const trace_t *t, const tally_t *ty, trace_category_t cat, const char *part, double *p10,
+                       double *p90) {
+    double total = 0, seen = 0;
+    *p10 = *p90 = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < ty->num_rated; i++) {
+            const trace_event_t *e = ty->rated[i];
+            const trace_name_t *nm = &t->names[e->name_id];
+            if (nm->category != cat || (part && (!nm->part || strcmp(nm->part, part) != 0))) continue;
+            if (pass == 0) {
+                total += e->flops;
+                continue;
+            }
+            seen += e->flops;
+            if (*p10 == 0 && seen >= 0.1 * total) *p10 = call_rate(e);
+            if (seen >= 0.9 * total) {
+                *p90 = call_rate(e);
+                return;
+            }
+        }
 }
 
 static void fill_row(summary_row_t *r, const char *cat, const char *part, int64_t calls,
@@ -139,20 +174,26 @@ static int cmp_part(const void *pa, const void *pb) {
     return (a->ns < b->ns) - (a->ns > b->ns);
 }
 
-static void emit_rows(summary_t *s, tally_t *ty, double step_ns) {
+static void emit_rows(const trace_t *t, summary_t *s, tally_t *ty, double step_ns) {
     qsort(ty->parts, ty->num_parts, sizeof *ty->parts, cmp_part);
+    qsort(ty->rated, ty->num_rated, sizeof *ty->rated, cmp_rate);
     size_t p = 0;
     double flops = 0;
     for (int c = 0; c < TRACE_CAT_COUNT; c++) {
         const acc_t *a = &ty->cats[c];
         if (a->calls == 0) continue;
         const char *name = trace_category_name((trace_category_t)c);
-        fill_row(&s->rows[s->num_rows++], name, NULL, a->calls, (double)a->ns, a->flops, step_ns, s->peak_gflops);
+        summary_row_t *r = &s->rows[s->num_rows++];
+        fill_row(r, name, NULL, a->calls, (double)a->ns, a->flops, step_ns, s->peak_gflops);
+        row_spread(t, ty, (trace_category_t)c, NULL, &r->gflops_p10, &r->gflops_p90);
         flops += a->flops;
         while (p < ty->num_parts && (int)ty->parts[p].cat < c) p++;
-        for (; p < ty->num_parts && (int)ty->parts[p].cat == c; p++)
-            fill_row(&s->rows[s->num_rows++], name, ty->parts[p].part, ty->parts[p].calls,
-                     (double)ty->parts[p].ns, ty->parts[p].flops, step_ns, s->peak_gflops);
+        for (; p < ty->num_parts && (int)ty->parts[p].cat == c; p++) {
+            r = &s->rows[s->num_rows++];
+            fill_row(r, name, ty->parts[p].part, ty->parts[p].calls, (double)ty->parts[p].ns, ty->parts[p].flops,
+                     step_ns, s->peak_gflops);
+            row_spread(t, ty, (trace_category_t)c, ty->parts[p].part, &r->gflops_p10, &r->gflops_p90);
+        }
     }
     fill_row(&s->rows[s->num_rows++], SUMMARY_OTHER_LABEL, NULL, 0, s->other_ms * 1e6, 0, step_ns, s->peak_gflops);
     fill_row(&s->rows[s->num_rows++], SUMMARY_TOTAL_LABEL, NULL, s->num_steps, step_ns, flops, step_ns, s->peak_gflops);
@@ -167,9 +208,12 @@ int summary_compute(const trace_t *t, int64_t first_step, int64_t last_step, dou
     size_t num_steps = 0;
     step_span_t *steps = collect_steps(t, first_step, last_step, &num_steps);
     tally_t ty = {.parts = malloc((t->num_names ? t->num_names : 1) * sizeof(acc_t))};
+    size_t events = 1;
+    for (size_t l = 0; l < t->num_lanes; l++) events += trace_lane_count(&t->lanes[l]);
+    ty.rated = malloc(events * sizeof *ty.rated);
     /* Rows: at most one per category and one per name (part), plus other and total. */
     out->rows = calloc(TRACE_CAT_COUNT + t->num_names + 2, sizeof *out->rows);
-    int rc = (steps && ty.parts && out->rows) ? 0 : -1;
+    int rc = (steps && ty.parts && ty.rated && out->rows) ? 0 : -1;
     double step_ns = 0;
     for (size_t i = 0; rc == 0 && i < num_steps; i++) {
         step_ns += (double)(steps[i].end - steps[i].start);
@@ -186,10 +230,11 @@ int summary_compute(const trace_t *t, int64_t first_step, int64_t last_step, dou
         out->step_ms = step_ns * 1e-6;
         out->kernel_ms = (double)ty.kernel_ns * 1e-6;
         out->other_ms = out->step_ms - out->kernel_ms;
-        emit_rows(out, &ty, step_ns);
+        emit_rows(t, out, &ty, step_ns);
     }
     free(steps);
     free(ty.parts);
+    free(ty.rated);
     if (rc != 0) summary_free(out);
     return rc;
 }
@@ -209,17 +254,18 @@ void summary_print(const summary_t *s, FILE *f) {
     if (s->dropped_events)
         fprintf(f, "warning: %zu events were dropped (trace buffers full): figures undercount\n",
                 s->dropped_events);
-    fprintf(f, "%-24s %-20s %9s %12s %7s %11s %7s\n", "category", "part", "calls", "total ms", "share",
-            "GFLOP/s", "%peak");
+    fprintf(f, "%-24s %-20s %9s %12s %7s %11s %7s %15s\n", "category", "part", "calls", "total ms", "share",
+            "GFLOP/s", "%peak", "p10-p90 GFLOP/s");
     for (size_t i = 0; i < s->num_rows; i++) {
         const summary_row_t *r = &s->rows[i];
-        char calls[24] = "-", gf[24] = "-", pk[24] = "-";
+        char calls[24] = "-", gf[24] = "-", pk[24] = "-", spread[48] = "-";
         if (r->calls) snprintf(calls, sizeof calls, "%lld", (long long)r->calls);
         if (r->flops > 0) snprintf(gf, sizeof gf, "%.1f", r->gflops_per_s);
         if (r->flops > 0 && s->peak_gflops > 0) snprintf(pk, sizeof pk, "%.1f%%", r->pct_peak);
+        if (r->gflops_p90 > 0) snprintf(spread, sizeof spread, "%.0f-%.0f", r->gflops_p10, r->gflops_p90);
         /* Part rows are indented under their category. */
-        fprintf(f, "%-24s %-20s %9s %12.3f %6.1f%% %11s %7s\n", r->part[0] ? "" : r->category,
-                r->part, calls, r->total_ms, 100.0 * r->share, gf, pk);
+        fprintf(f, "%-24s %-20s %9s %12.3f %6.1f%% %11s %7s %15s\n", r->part[0] ? "" : r->category,
+                r->part, calls, r->total_ms, 100.0 * r->share, gf, pk, spread);
     }
 }
 
@@ -263,6 +309,10 @@ static void js_row(pb_buf_t *b, const summary_row_t *r) {
     js_num(b, "gflops_per_s", r->gflops_per_s);
     js_raw(b, ",");
     js_num(b, "pct_peak", r->pct_peak);
+    js_raw(b, ",");
+    js_num(b, "gflops_p10", r->gflops_p10);
+    js_raw(b, ",");
+    js_num(b, "gflops_p90", r->gflops_p90);
     js_raw(b, "}");
 }
 

@@ -16,7 +16,11 @@
  *  - A span belongs to the step whose interval contains its start; spans outside the
  *    selected steps are ignored.
  *  - other = step time - counted leaf time.
- * GFLOP/s = flops / time of the row; % of peak = 100 * GFLOP/s / peak (0 if peak <= 0). */
+ * GFLOP/s = flops / time of the row; % of peak = 100 * GFLOP/s / peak (0 if peak <= 0).
+ * The spread of a row with flops: its calls that count flops, ordered by their own GFLOP/s;
+ * p10 and p90 are the rates of the calls within which the first 10% and 90% of the row's flops
+ * fall (weighted by flops, so many small calls do not outvote the big ones). A wide spread
+ * over calls of one shape says the machine, not the kernel, moved: a shared VM's neighbours. */
 #ifndef STEPSCOPE_SUMMARY_H
 #define STEPSCOPE_SUMMARY_H
 
@@ -38,6 +42,7 @@ typedef struct summary_row {
     double flops;
     double gflops_per_s; /* 0 when the row recorded no flops */
     double pct_peak;
+    double gflops_p10, gflops_p90; /* the spread over calls, see above; 0 without flops */
 } summary_row_t;
 
 typedef struct summary {

@@ -677,6 +677,11 @@ def test_profile_files(tmp_path):
 
     summ = json.loads((dirs[0] / "op_summary.json").read_text())
     assert summ["first_step"] == 1 and summ["last_step"] == 2 and summ["num_steps"] == 2
+    # every kernel row with flops has its calls' spread, slowest tenth at or below the fastest
+    rated = [row for row in summ["rows"] if row["flops"] > 0 and not row["category"].startswith("total")]
+    assert any(row["category"] == "matmul" for row in rated)
+    for row in rated:
+        assert 0 < row["gflops_p10"] <= row["gflops_p90"], row
     # the picture of it: an SVG with one labelled bar per op kind, no more wide than the step
     svg_path = tmp_path / "op_summary.svg"
     subprocess.run([sys.executable, str(ROOT / "tools" / "op_summary_svg.py"), str(dirs[0] / "op_summary.json"),
@@ -691,7 +696,8 @@ def test_profile_files(tmp_path):
 
     # console: the op summary table
     assert "op summary, profiled steps 1..2:" in r.stdout
-    assert re.search(r"^category\s+part\s+calls\s+total ms", r.stdout, re.M)
+    assert re.search(r"^category\s+part\s+calls\s+total ms.*p10-p90 GFLOP/s$", r.stdout, re.M)
+    assert re.search(r"^matmul\s.*\s\d+-\d+$", r.stdout, re.M)  # its spread, p10-p90
     assert re.search(r"^total \(train steps\)\s+2\s", r.stdout, re.M)
     # metrics still cover every step
     recs, _ = read_metrics(tmp_path)
