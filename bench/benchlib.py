@@ -44,6 +44,18 @@ def build():
         sys.exit(f"bench: make failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
 
 
+def fma_probe(threads, seconds=0.5):
+    """TFLOP/s the cores' FMA units deliver right now (build/bench/fma_probe: stepscope's start-up
+    probe, best of 5 rounds), or None where it cannot run. On a shared VM it moves by a quarter
+    or more within minutes: logged beside each run, it tells a slow round from a slow engine."""
+    r = subprocess.run([str(ROOT / "build" / "bench" / "fma_probe"), str(threads), str(seconds)],
+                       capture_output=True, text=True)
+    fields = r.stdout.split()
+    if r.returncode != 0 or len(fields) < 2 or fields[0] != "fma_probe_tflops":
+        return None
+    return float(fields[1])
+
+
 def meminfo(key):
     with open("/proc/meminfo") as f:
         for line in f:

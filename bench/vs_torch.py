@@ -9,8 +9,10 @@ and a caching allocator (tcmalloc via LD_PRELOAD, freed pages kept); stepscope g
 num_threads=THREADS. Per run: median step time (step 0 left out), tokens/s, TFLOP/s by
 MaxText's count (per_device_tflops from stepscope's --dry-run), MFU against --peak (fp32) or
 --bf16-peak, peak RSS (the child's ru_maxrss), and the CPU other processes took during the run
-(in cores; near 0 = the run had the machine). Ratios: stepscope's tokens/s over each run's, and
-its peak RSS over theirs.
+(in cores; near 0 = the run had the machine), and what the cores' FMA units delivered around it
+(build/bench/fma_probe before and after, as a fraction of --peak: this VM's speed moves by a
+quarter or more within minutes, and a round run at 0.6 of the peak is slow for any engine).
+Ratios: stepscope's tokens/s over each run's, and its peak RSS over theirs.
 
     bench/vs_torch.py                                       # qwen3-0.6b, 1 x 1024, fp32 and bf16
     bench/vs_torch.py --model tiny --seq 128 --steps 4 --runs stepscope,eager
@@ -100,17 +102,23 @@ def main():
                         continue
                     over = base + (["dtype=bfloat16"] if dtype == "bfloat16" else [])
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: stepscope")
+                    probe0 = bl.fma_probe(a.threads)
                     res = bl.run_stepscope(over, workdir, name, a.threads, a.peak)
                 else:
                     cap = bl.memory_cap(a.memory_cap_gib)
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: torch {mode} {dtype} (RSS cap {cap / bl.GIB:.1f} GiB)")
+                    probe0 = bl.fma_probe(a.threads)
                     res = bl.run_torch(base, workdir, name, a.threads, mode, dtype, rss_cap=cap)
+                probe1 = bl.fma_probe(a.threads)
+                res["probe"] = (probe0 + probe1) / 2 / a.peak if probe0 and probe1 else None
                 if res["rc"] != 0 or len(res["seconds"]) < 2:
                     why = "over the RSS cap" if res["over_cap"] else f"exit {res['rc']}"
                     bl.log(f"  failed ({why}); log {res['log']}:\n{bl.tail(res['log'])}")
                 else:
+                    probed = (f", FMA probe {probe0:.4f} before and {probe1:.4f} TFLOP/s after"
+                              if probe0 and probe1 else "")
                     bl.log(f"  median step {bl.median_step(res['seconds']):.3f} s, peak RSS "
-                           f"{res['peak_rss'] / bl.GIB:.2f} GiB, others' CPU {res['others_cores']:.2f} cores")
+                           f"{res['peak_rss'] / bl.GIB:.2f} GiB, others' CPU {res['others_cores']:.2f} cores{probed}")
                 results.setdefault(key, []).append(res)
 
     report = print_tables(a, configs, runs, results, plans, bf16_peak)
@@ -132,6 +140,7 @@ def summarise(reps):
     return {"median": statistics.median(bl.median_step(r["seconds"]) for r in ok),
             "peak_rss": max(r["peak_rss"] for r in ok),
             "others": max(r["others_cores"] for r in ok),
+            "probe": [r.get("probe") for r in ok],
             "steps": len(ok[0]["seconds"]), "repeats": len(ok), "loss": ok[0]["losses"][:3],
             "cmds": [r["cmd"] for r in ok]}
 
@@ -164,7 +173,7 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
             engine, mode, dtype, label = RUNS[run]
             if "error" in sm:
                 notes.append(f"{label} {dtype}: {sm['error']}")
-                rows.append([label, dtype] + ["-"] * 9)
+                rows.append([label, dtype] + ["-"] * 10)
                 continue
             tps = b * s / sm["median"]
             tflops = tflop / sm["median"]
@@ -177,16 +186,20 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
             if ours and "error" not in ours:
                 speed = f"{sm['median'] / ours['median']:.2f}x{vs}"
                 mem = f"{ours['peak_rss'] / sm['peak_rss']:.2f}"
+            probes = [p for p in sm["probe"] if p is not None]
+            probe = f"{statistics.median(probes):.2f}" if probes else "-"
             rows.append([label, dtype, f"{sm['median']:.3f}", f"{tps:.1f}", f"{tflops:.4f}", f"{100 * mfu:.1f}%",
-                         bl.gib(sm["peak_rss"]), f"{sm['others']:.2f}", speed, mem,
+                         bl.gib(sm["peak_rss"]), f"{sm['others']:.2f}", probe, speed, mem,
                          f"{sm['steps']}x{sm['repeats']}"])
             report.append({"model": a.model, "batch": b, "seq": s, "run": run, "dtype": dtype,
                            "median_step_s": sm["median"], "tokens_per_s": tps, "tflops_per_s": tflops, "mfu": mfu,
                            "peak_rss_bytes": sm["peak_rss"], "others_cores": sm["others"],
+                           "fma_probe_of_peak": sm["probe"],
                            "first_losses": sm["loss"], "plan_bytes": int(plan["memory_total_bytes"]),
                            "commands": sm["cmds"]})
         print(bl.table(["run", "dtype", "median s", "tokens/s", "TFLOP/s", "MFU", "peak RSS GiB",
-                        "others' CPU", "stepscope speed-up", "RSS ours/theirs", "steps x reps"], rows))
+                        "others' CPU", "FMA probe/peak", "stepscope speed-up", "RSS ours/theirs", "steps x reps"],
+                       rows))
         for note in notes:
             print(f"  {note}")
         ss = sums.get("stepscope")
@@ -195,7 +208,8 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
                   f"x its plan ({bl.gib(int(plan['memory_total_bytes']))} GiB)")
     print("\nspeed-up = run's median step time / stepscope's (same dtype; '(fp32)' where stepscope has no bf16); "
           "> 1 means stepscope is faster. others' CPU: cores that other processes used during the run "
-          "(timings with > 0.1 are suspect).")
+          "(timings with > 0.1 are suspect). FMA probe/peak: median over the run's rounds of build/bench/fma_probe "
+          "before and after each, over --peak (fp32): what the cores could do then, whatever the engine.")
     return report
 
 
