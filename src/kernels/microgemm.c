@@ -21,7 +21,7 @@ enum { NR = 2 * VF_LANES };
 static inline __attribute__((always_inline)) void tile_loop(vf c[MR][2], const float *const a[MR], int64_t csa,
                                                             const float *b, int64_t ldb, int64_t K, int64_t n0,
                                                             int64_t n1, bool masked) {
-    /* On AVX2, four k per branch: one k per branch ran at 0.70-0.85 of the FMA probe on the Zen 3,
+    /* On AVX2, four k per branch: one k per branch ran at 0.73-0.85 of the FMA probe on the Zen 3,
      * unrolled 1.05-1.2x faster (operands in L1, alternated round by round). The AVX-512 tile is
      * left as it was: no AVX-512 CPU was at hand to measure it on. */
 #if VF_LANES == 8
