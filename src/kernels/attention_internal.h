@@ -22,8 +22,9 @@ void attention_softmax_rows_to_bf16(bf16_t *dst, int64_t ld_dst, const float *st
  * multiple of 16), into p[n] and ds[n]: p = exp(score_scale·scores − lse) and ds =
  * ds_scale·p·(dp − di) below visible (the softmax's 1/sqrt(HD) folded in for the dQ and dK
  * products), both 0 from it on; scores and dp are read below visible only. In place is
- * allowed (p = scores + j0, ds = dp + j0): the fp32 kernel passes whole rows of its strips; the bf16 kernels take PD_CHUNK keys at a time through L1 and round and
- * pack P and dS from there, without writing fp32 strips and reading them again. */
+ * allowed (p = scores + j0, ds = dp + j0): the fp32 kernel passes whole rows of its strips;
+ * the bf16 kernels take PD_CHUNK keys at a time through L1 and round and pack P and dS from
+ * there, without writing fp32 strips and reading them again. */
 enum { PD_CHUNK = 256 }; /* keys per attention_p_ds_chunk call in the bf16 kernels: 4 KiB of P and dS */
 void attention_p_ds_chunk(float *p, float *ds, const float *scores, const float *dp, int64_t j0, int64_t n,
                           int64_t visible, float score_scale, float lse, float ds_scale, float di);

@@ -1,9 +1,9 @@
 /* qwen3: forward, loss and backward of the decoder, as calls into the kernels. Forward names
  * each activation it saves; backward walks them in reverse. A matmul weight's gradient is
  * written (=) by its first product of the step (a linear layer's only one, the LM head's first
- * chunk); the others and the norm and embedding gradients accumulate (+=) onto it or onto the
- * zeros the optimizer leaves; activation gradients are written, so nothing activation-sized is
- * zeroed per step. */
+ * chunk); the head's later chunks add (+=) onto it, and the norm and embedding gradients onto
+ * the zeros qwen3_zero_accumulated_grads leaves; activation gradients are written, so nothing
+ * activation-sized is zeroed per step. */
 #include "model/qwen3.h"
 
 #include <stdio.h>
@@ -418,9 +418,9 @@ static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, float *dW, cons
 }
 
 /* dx = dy·W and dW = dyᵀ·x (both written: a linear layer's weight has this one gradient product
- * per step, so it need not read the zeros the optimizer left: the weight-gradient products
- * 1.008-1.030x, flop-weighted over qwen3-0.6b's four layer shapes in three runs of
- * bench/wgrad_write); dx may alias x (x is read first). */
+ * per step, so it need not read zeros first: the weight-gradient products 1.008-1.030x,
+ * flop-weighted over qwen3-0.6b's four layer shapes in three runs of bench/wgrad_write); dx may
+ * alias x (x is read first). */
 static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy,
                        const float *x, const float *W, int64_t T, int64_t out, int64_t in) {
     if (m->opt.bf16) {

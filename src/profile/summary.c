@@ -94,12 +94,17 @@ typedef struct {
     size_t num_rated;
 } tally_t;
 
-/* Walk the master lane in time order and add each counted leaf span to its rows. */
+/* Walk the master lane in time order and add each counted leaf span to its rows (and, with
+ * flops, to ty->rated, which the caller frees). */
 static int tally_lane(const trace_t *t, const trace_lane_t *L, const step_span_t *steps,
                       size_t num_steps, tally_t *ty) {
     size_t published = trace_lane_count(L);
     const trace_event_t **ev = malloc((published ? published : 1) * sizeof *ev);
-    if (!ev) return -1;
+    ty->rated = malloc((published ? published : 1) * sizeof *ty->rated);
+    if (!ev || !ty->rated) {
+        free(ev);
+        return -1;
+    }
     size_t n = 0;
     for (size_t i = 0; i < published; i++)
         if (L->events[i].name_id < t->num_names && is_leaf(t->names[L->events[i].name_id].category))
@@ -131,7 +136,8 @@ static int cmp_rate(const void *pa, const void *pb) {
 }
 
 /* p10 and p90 of a row (category cat; part, or every part when NULL), weighted by flops: the
- * spans in ty->rated are sorted by rate once, so one walk per row finds both. */
+ * spans in ty->rated are sorted by rate once; per row, one walk sums the row's flops among them
+ * and a second stops where 90% of those have been seen. */
 static void row_spread(const trace_t *t, const tally_t *ty, trace_category_t cat, const char *part, double *p10,
                        double *p90) {
     double total = 0, seen = 0;
@@ -176,7 +182,7 @@ static int cmp_part(const void *pa, const void *pb) {
 
 static void emit_rows(const trace_t *t, summary_t *s, tally_t *ty, double step_ns) {
     qsort(ty->parts, ty->num_parts, sizeof *ty->parts, cmp_part);
-    qsort(ty->rated, ty->num_rated, sizeof *ty->rated, cmp_rate);
+    if (ty->num_rated) qsort(ty->rated, ty->num_rated, sizeof *ty->rated, cmp_rate); /* NULL without a lane */
     size_t p = 0;
     double flops = 0;
     for (int c = 0; c < TRACE_CAT_COUNT; c++) {
@@ -208,12 +214,9 @@ int summary_compute(const trace_t *t, int64_t first_step, int64_t last_step, dou
     size_t num_steps = 0;
     step_span_t *steps = collect_steps(t, first_step, last_step, &num_steps);
     tally_t ty = {.parts = malloc((t->num_names ? t->num_names : 1) * sizeof(acc_t))};
-    size_t events = 1;
-    for (size_t l = 0; l < t->num_lanes; l++) events += trace_lane_count(&t->lanes[l]);
-    ty.rated = malloc(events * sizeof *ty.rated);
     /* Rows: at most one per category and one per name (part), plus other and total. */
     out->rows = calloc(TRACE_CAT_COUNT + t->num_names + 2, sizeof *out->rows);
-    int rc = (steps && ty.parts && ty.rated && out->rows) ? 0 : -1;
+    int rc = (steps && ty.parts && out->rows) ? 0 : -1;
     double step_ns = 0;
     for (size_t i = 0; rc == 0 && i < num_steps; i++) {
         step_ns += (double)(steps[i].end - steps[i].start);
