@@ -766,8 +766,8 @@ static void test_forward_bf16_outputs(void **state) {
     bf16_t *h16 = malloc((size_t)(T * ldh) * sizeof(bf16_t));
     for (int64_t e = 0; e < T * ldh; e++) h16[e] = PAD;
     fill_uniform(gate_up, (size_t)(T * 2 * F), &rng, -6.0f, 6.0f);
-    swiglu_forward(h, gate_up, T, F);
-    swiglu_forward_bf16(h16, ldh, gate_up, T, F);
+    swiglu_forward(h, gate_up, 2 * F, T, F);
+    swiglu_forward_bf16(h16, ldh, gate_up, 2 * F, T, F);
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < ldh; j++)
             if (h16[t * ldh + j] != (j < F ? bf16_from_f32(h[t * F + j]) : PAD))
@@ -777,15 +777,15 @@ static void test_forward_bf16_outputs(void **state) {
     bf16_t *dgu16 = malloc((size_t)(T * ldg) * sizeof(bf16_t));
     for (int64_t e = 0; e < T * ldg; e++) dgu16[e] = PAD;
     fill_uniform(h, (size_t)(T * F), &rng, -1.0f, 1.0f);
-    swiglu_backward(dgu, h, gate_up, T, F);
-    swiglu_backward_bf16(dgu16, ldg, h, gate_up, T, F);
+    swiglu_backward(dgu, 2 * F, h, gate_up, 2 * F, T, F);
+    swiglu_backward_bf16(dgu16, ldg, h, gate_up, 2 * F, T, F);
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < ldg; j++)
             if (dgu16[t * ldg + j] != (j < 2 * F ? bf16_from_f32(dgu[t * 2 * F + j]) : PAD))
                 fail_msg("swiglu_backward_bf16: row %ld column %ld", (long)t, (long)j);
     /* the plain rounding into such rows */
     for (int64_t e = 0; e < T * ldg; e++) dgu16[e] = PAD;
-    bf16_from_f32_rows(dgu16, ldg, dgu, T, 2 * F);
+    bf16_from_f32_rows(dgu16, ldg, dgu, 2 * F, T, 2 * F);
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < ldg; j++)
             if (dgu16[t * ldg + j] != (j < 2 * F ? bf16_from_f32(dgu[t * 2 * F + j]) : PAD))
@@ -931,7 +931,7 @@ typedef struct swiglu_ctx {
 
 static double swiglu_loss(void *p) {
     swiglu_ctx_t *c = p;
-    swiglu_forward(c->h, c->gu, c->T, c->F);
+    swiglu_forward(c->h, c->gu, 2 * c->F, c->T, c->F);
     return dot_2d(c->h, c->F, c->R, c->F, c->T, c->F);
 }
 
@@ -945,7 +945,7 @@ static void test_swiglu_forward(void **state) {
     float *gu = falloc((size_t)(T * 2 * F)), *h = falloc((size_t)(T * F));
     fill_uniform(gu, (size_t)(T * 2 * F), &rng, -6.0f, 6.0f);
     gu[3] = 30.0f, gu[4] = -30.0f, gu[5] = 100.0f, gu[6] = -100.0f, gu[2 * F + 520] = -95.0f;
-    swiglu_forward(h, gu, T, F);
+    swiglu_forward(h, gu, 2 * F, T, F);
     double num = 0, den = 0;
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < F; j++) {
@@ -974,12 +974,52 @@ static void test_swiglu_backward_fd(void **state) {
         fill_uniform(c.R, (size_t)(c.T * c.F), &rng, -1.0f, 1.0f);
         float *dgu = falloc(n);
         fill_const(dgu, n, SENTINEL);
-        swiglu_backward(dgu, c.R, c.gu, c.T, c.F);
+        swiglu_backward(dgu, 2 * c.F, c.R, c.gu, 2 * c.F, c.T, c.F);
         size_t ni;
         size_t *idx = block_indices(1, (int64_t)n, (int64_t)n, &ni);
         CHECK_LE("swiglu dgate_up vs FD", fd_serial(c.gu, idx, ni, dgu, 1e-2, swiglu_loss, &c), 1e-3);
         free(idx), free(dgu), free(c.gu), free(c.h), free(c.R);
     }
+}
+
+/* The model may pad gate_up's and dgate_up's row stride (qwen3.c's padded_width): at such
+ * strides every kernel gives the same bits as on dense rows, in fp32 and bf16, reads nothing
+ * of the padding and writes none of it (sentinels there stay, NaN ones in the input). */
+static void test_swiglu_strided_rows(void **state) {
+    (void)state;
+    test_rng_t rng = {32};
+    const int64_t T = 3, F = 531, ld = 2 * F + 16, ldh16 = F + 32;
+    float *gu = falloc((size_t)(T * 2 * F)), *gu_pad = falloc((size_t)(T * ld)), *dh = falloc((size_t)(T * F));
+    fill_uniform(gu, (size_t)(T * 2 * F), &rng, -6.0f, 6.0f);
+    fill_uniform(dh, (size_t)(T * F), &rng, -1.0f, 1.0f);
+    fill_const(gu_pad, (size_t)(T * ld), NAN);
+    for (int64_t t = 0; t < T; t++) memcpy(gu_pad + t * ld, gu + t * 2 * F, (size_t)(2 * F) * sizeof(float));
+    float *h = falloc((size_t)(T * F)), *h_pad = falloc((size_t)(T * F));
+    swiglu_forward(h, gu, 2 * F, T, F);
+    swiglu_forward(h_pad, gu_pad, ld, T, F);
+    assert_memory_equal(h, h_pad, (size_t)(T * F) * sizeof(float));
+    bf16_t *h16 = malloc((size_t)(T * ldh16) * sizeof(bf16_t)), *h16_pad = malloc((size_t)(T * ldh16) * sizeof(bf16_t));
+    swiglu_forward_bf16(h16, ldh16, gu, 2 * F, T, F);
+    swiglu_forward_bf16(h16_pad, ldh16, gu_pad, ld, T, F);
+    for (int64_t t = 0; t < T; t++)
+        assert_memory_equal(h16 + t * ldh16, h16_pad + t * ldh16, (size_t)F * sizeof(bf16_t));
+    float *dgu = falloc((size_t)(T * 2 * F)), *dgu_pad = falloc((size_t)(T * ld));
+    fill_const(dgu_pad, (size_t)(T * ld), SENTINEL);
+    swiglu_backward(dgu, 2 * F, dh, gu, 2 * F, T, F);
+    swiglu_backward(dgu_pad, ld, dh, gu_pad, ld, T, F);
+    for (int64_t t = 0; t < T; t++) {
+        assert_memory_equal(dgu + t * 2 * F, dgu_pad + t * ld, (size_t)(2 * F) * sizeof(float));
+        for (int64_t j = 2 * F; j < ld; j++) assert_true(dgu_pad[t * ld + j] == SENTINEL);
+    }
+    bf16_t *d16 = malloc((size_t)(T * 2 * F) * sizeof(bf16_t)), *d16_pad = malloc((size_t)(T * 2 * F) * sizeof(bf16_t));
+    swiglu_backward_bf16(d16, 2 * F, dh, gu, 2 * F, T, F);
+    swiglu_backward_bf16(d16_pad, 2 * F, dh, gu_pad, ld, T, F);
+    assert_memory_equal(d16, d16_pad, (size_t)(T * 2 * F) * sizeof(bf16_t));
+    /* and rounding rows read at a padded stride */
+    bf16_from_f32_rows(d16_pad, 2 * F, dgu_pad, ld, T, 2 * F);
+    for (int64_t e = 0; e < T * 2 * F; e++) assert_true(d16_pad[e] == bf16_from_f32(dgu[e]));
+    free(gu), free(gu_pad), free(dh), free(h), free(h_pad), free(h16), free(h16_pad), free(dgu), free(dgu_pad);
+    free(d16), free(d16_pad);
 }
 
 /* ================================ embed ================================= */
@@ -1676,6 +1716,7 @@ int main(void) {
         cmocka_unit_test(test_rope_forward_backward),
         cmocka_unit_test(test_swiglu_forward),
         cmocka_unit_test(test_swiglu_backward_fd),
+        cmocka_unit_test(test_swiglu_strided_rows),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_xent_backward_fd),
         cmocka_unit_test(test_xent_vs_double),

@@ -181,11 +181,24 @@ static void test_tied_gqa_loss_and_grads(void **st) { (void)st; check_loss_and_g
 static void test_untied_wide_loss_and_grads(void **st) { (void)st; check_loss_and_grads("untied_wide"); }
 static void test_tied_gqa_three_steps(void **st) { (void)st; check_three_steps("tied_gqa"); }
 static void test_untied_wide_three_steps(void **st) { (void)st; check_three_steps("untied_wide"); }
+/* q/k/v and gate/up 512 wide: on CPUs where the matmuls prefer it (oneDNN's gemm driver, AVX2),
+ * those activations and their gradients run at padded row strides (qwen3.c's padded_width). */
+static void note_padding(void) {
+    char err[256];
+    gemm_ctx_t *g = gemm_create(GEMM_LIB_AUTO, err, sizeof err);
+    assert_non_null(g);
+    printf("# padded_rows: activation row strides %s on this CPU\n", gemm_prefers_padded_rows(g) ? "padded" : "dense");
+    gemm_destroy(g);
+}
+static void test_padded_rows_loss_and_grads(void **st) { (void)st; note_padding(); check_loss_and_grads("padded_rows"); }
+static void test_padded_rows_three_steps(void **st) { (void)st; check_three_steps("padded_rows"); }
 
 /* The gradient buffer's contract: backward writes every matmul weight's gradient and adds into
  * the rest, which qwen3_zero_accumulated_grads zeroes. So with the buffer full of NaN and only
  * those entries zeroed, a backward gives the gradients of one from an all-zero buffer bit for
- * bit: an entry it read without writing first, or one the zeroing missed, would be NaN. */
+ * bit: an entry it read without writing first, or one the zeroing missed, would be NaN. The
+ * saved activations are NaN too: each is written before it is read, and the padding columns of
+ * padded rows (padded_rows: qkv's and gate_up's) are neither written nor read. */
 static void check_grads_over_stale_buffer(const char *name) {
     fixture_t f;
     load_fixture(&f, name);
@@ -195,6 +208,8 @@ static void check_grads_over_stale_buffer(const char *name) {
     float *g = malloc((size_t)n * sizeof(float));
     memcpy(g, f.state.grads, (size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) f.state.grads[i] = NAN;
+    int64_t nacts = (int64_t)(f.plan.activations_bytes / sizeof(float));
+    for (int64_t i = 0; i < nacts; i++) f.state.acts[i] = NAN;
     qwen3_zero_accumulated_grads(f.state.model);
     assert_true(loss == qwen3_forward_backward(f.state.model, f.tokens));
     assert_memory_equal(g, f.state.grads, (size_t)n * sizeof(float));
@@ -204,6 +219,7 @@ static void check_grads_over_stale_buffer(const char *name) {
 
 static void test_tied_gqa_grads_over_stale_buffer(void **st) { (void)st; check_grads_over_stale_buffer("tied_gqa"); }
 static void test_untied_wide_grads_over_stale_buffer(void **st) { (void)st; check_grads_over_stale_buffer("untied_wide"); }
+static void test_padded_rows_grads_over_stale_buffer(void **st) { (void)st; check_grads_over_stale_buffer("padded_rows"); }
 
 /* Rematerialisation recomputes what it did not keep with the same kernels on the same inputs:
  * the gradients equal remat none's bit for bit, and the plan keeps less (full < minimal < none). */
@@ -450,6 +466,9 @@ int main(void) {
         cmocka_unit_test(test_untied_wide_three_steps),
         cmocka_unit_test(test_tied_gqa_grads_over_stale_buffer),
         cmocka_unit_test(test_untied_wide_grads_over_stale_buffer),
+        cmocka_unit_test(test_padded_rows_loss_and_grads),
+        cmocka_unit_test(test_padded_rows_three_steps),
+        cmocka_unit_test(test_padded_rows_grads_over_stale_buffer),
         cmocka_unit_test(test_remat_matches_none),
         cmocka_unit_test(test_tiny_model_learns),
         cmocka_unit_test(test_init_statistics_and_determinism),

@@ -47,6 +47,13 @@ CASES = {
         num_attention_heads=4, num_key_value_heads=1, head_dim=24, rope_theta=500000.0,
         rms_norm_eps=1e-5, tie_word_embeddings=False, batch=2, seq=10, seed=5678,
         init_std=0.05, clip=1.0),
+    # q/k/v and gate/up 512 columns wide (2 KiB rows): where stepscope pads those activations'
+    # row strides (qwen3.c's padded_width), this case runs the padded layout.
+    "padded_rows": dict(
+        vocab_size=96, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, batch=2, seq=12, seed=4321,
+        init_std=0.05, clip=1.0),
 }
 # eps = 1e-5, not torch's 1e-8: an element whose gradient is below eps moves by about
 # g·lr/eps, so fp32's unavoidable gradient rounding (~1e-10 absolute on elements with

@@ -28,11 +28,11 @@ void bf16_from_f32_array(bf16_t *dst, const float *src, int64_t n) {
     }
 }
 
-void bf16_from_f32_rows(bf16_t *dst, int64_t ld_dst, const float *src, int64_t rows, int64_t cols) {
-    if (ld_dst == cols) {
+void bf16_from_f32_rows(bf16_t *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols) {
+    if (ld_dst == cols && ld_src == cols) {
         bf16_from_f32_array(dst, src, rows * cols);
         return;
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++) bf16_from_f32_block(dst + r * ld_dst, src + r * cols, cols);
+    for (int64_t r = 0; r < rows; r++) bf16_from_f32_block(dst + r * ld_dst, src + r * ld_src, cols);
 }

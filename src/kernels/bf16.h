@@ -31,7 +31,7 @@ void bf16_from_f32_array(bf16_t *dst, const float *src, int64_t n);
 /* The same on the calling thread only, for kernels that fuse it into their own loops. */
 void bf16_from_f32_block(bf16_t *dst, const float *src, int64_t n);
 
-/* dst[r·ld_dst + c] = bf16(src[r·cols + c]) for rows × cols; threaded with OpenMP. */
-void bf16_from_f32_rows(bf16_t *dst, int64_t ld_dst, const float *src, int64_t rows, int64_t cols);
+/* dst[r·ld_dst + c] = bf16(src[r·ld_src + c]) for rows × cols; threaded with OpenMP. */
+void bf16_from_f32_rows(bf16_t *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols);
 
 #endif

@@ -23,24 +23,33 @@
 /* What one layer's forward saves for its backward. x (the layer input) lives in the residual
  * stream buffer; everything here is per layer (remat none) or shared (remat full). */
 typedef struct layer_acts {
-    float *qkv;     /* [T, (H+2KV)·HD]  q, k, v projections before norm and rope */
+    float *qkv;     /* [T, (H+2KV)·HD]  q, k, v projections before norm and rope; rows ld_qkv apart */
     float *qk;      /* [T, (H+KV)·HD]   q and k after qk-norm and rope: attention's inputs */
     float *attn;    /* [T, H·HD]        attention output (o_proj input) */
     float *x2;      /* [T, D]           residual after attention */
-    float *gate_up; /* [T, 2F]          gate and up projections */
+    float *gate_up; /* [T, 2F]          gate and up projections; rows ld_gate_up apart */
     float *rstd1;   /* [T]              input norm statistics */
     float *rstd2;   /* [T]              post-attention norm statistics */
     float *qk_rstd; /* [T·(H+KV)]       q-norm then k-norm statistics */
     float *lse;     /* [B, H, S]        attention row log-sum-exp */
 } layer_acts_t;
 
+/* The row stride the q/k/v and gate/up activations (and their gradients) may take: their width,
+ * 64 bytes wider where it is a multiple of 2 KiB (every qwen3 width). On oneDNN's gemm driver
+ * (AVX2) a product whose C, or whose transposed A, has rows a multiple of 2 KiB apart ran slower:
+ * on 2 Zen 3 cores the qkv and gate_up products' forward (C = y) 1.00-1.10x and weight gradient
+ * (A = dyᵀ) 1.02-1.13x faster at the padded stride, their input gradient level, the layer's
+ * twelve forms 1.018-1.030x (four runs, alternated call by call). Buffers are always sized for
+ * it, so the plan does not depend on the CPU; qwen3_create picks the strides a run uses. */
+static int64_t padded_width(int64_t cols) { return cols % 512 == 0 ? cols + 16 : cols; }
+
 /* Under MINIMAL, qk is not saved: it points at one scratch buffer that forward fills for the
  * layer at hand and backward refills from qkv. */
 static int64_t layer_acts_floats(const qwen3_dims_t *d, qwen3_remat_t remat) {
     int64_t T = d->B * d->S;
     int64_t qk = remat == QWEN3_REMAT_MINIMAL ? 0 : T * (d->H + d->KV) * d->HD;
-    return T * (d->H + 2 * d->KV) * d->HD + qk + T * d->H * d->HD +
-           T * d->D + T * 2 * d->F + T + T + T * (d->H + d->KV) + d->B * d->H * d->S;
+    return T * padded_width((d->H + 2 * d->KV) * d->HD) + qk + T * d->H * d->HD +
+           T * d->D + T * padded_width(2 * d->F) + T + T + T * (d->H + d->KV) + d->B * d->H * d->S;
 }
 
 static float *carve(float **cursor, int64_t n) {
@@ -52,11 +61,11 @@ static float *carve(float **cursor, int64_t n) {
 static void layer_acts_bind(layer_acts_t *a, const qwen3_dims_t *d, float *base, float *shared_qk) {
     int64_t T = d->B * d->S;
     float *c = base;
-    a->qkv = carve(&c, T * (d->H + 2 * d->KV) * d->HD);
+    a->qkv = carve(&c, T * padded_width((d->H + 2 * d->KV) * d->HD));
     a->qk = shared_qk ? shared_qk : carve(&c, T * (d->H + d->KV) * d->HD);
     a->attn = carve(&c, T * d->H * d->HD);
     a->x2 = carve(&c, T * d->D);
-    a->gate_up = carve(&c, T * 2 * d->F);
+    a->gate_up = carve(&c, T * padded_width(2 * d->F));
     a->rstd1 = carve(&c, T);
     a->rstd2 = carve(&c, T);
     a->qk_rstd = carve(&c, T * (d->H + d->KV));
@@ -95,9 +104,9 @@ typedef struct scratch {
     float *h;        /* [T, F]       swiglu output; then its gradient */
     float *dres;     /* [T, D]       gradient of the residual stream */
     float *dln;      /* [T, D]       gradient of a norm's output */
-    float *dgate_up; /* [T, 2F] */
+    float *dgate_up; /* [T, 2F]       rows ld_gate_up apart, as gate_up's */
     float *dattn;    /* [T, H·HD] */
-    float *dqkv;     /* [T, (H+2KV)·HD] */
+    float *dqkv;     /* [T, (H+2KV)·HD] rows ld_qkv apart, as qkv's */
     float *rstd_final; /* [T] */
     float *logits;   /* [chunk, V]   one chunk of logits, then its gradient */
     float *row_loss, *row_lse; /* [chunk] */
@@ -148,7 +157,8 @@ int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xen
     int64_t in16 = 0, dy16 = 0;
     if (bf16) bf16_scratch_sizes(d, xent_chunk, &in16, &dy16);
     int64_t qk = remat == QWEN3_REMAT_MINIMAL ? T * (d->H + d->KV) * d->HD : 0;
-    return transpose_scratch_floats(d, bf16) + qk + in16 + dy16 + 3 * T * d->D + T * d->F + T * 2 * d->F + T * d->H * d->HD + T * (d->H + 2 * d->KV) * d->HD +
+    return transpose_scratch_floats(d, bf16) + qk + in16 + dy16 + 3 * T * d->D + T * d->F + T * padded_width(2 * d->F) + T * d->H * d->HD +
+           T * padded_width((d->H + 2 * d->KV) * d->HD) +
            T + xent_chunk * d->V + 3 * xent_chunk + d->S * d->HD +
            (bf16 ? attention_bf16_scratch_floats(&a, num_threads) : attention_scratch_floats(&a, num_threads)) +
            T * d->D;
@@ -163,9 +173,9 @@ static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, i
     s->h = carve(&c, T * d->F);
     s->dres = carve(&c, T * d->D);
     s->dln = carve(&c, T * d->D);
-    s->dgate_up = carve(&c, T * 2 * d->F);
+    s->dgate_up = carve(&c, T * padded_width(2 * d->F));
     s->dattn = carve(&c, T * d->H * d->HD);
-    s->dqkv = carve(&c, T * (d->H + 2 * d->KV) * d->HD);
+    s->dqkv = carve(&c, T * padded_width((d->H + 2 * d->KV) * d->HD));
     s->rstd_final = carve(&c, T);
     s->logits = carve(&c, chunk * d->V);
     s->row_loss = carve(&c, chunk);
@@ -214,6 +224,7 @@ struct qwen3_model {
     trace_t *trace;
     op_names_t names;
     const int32_t *tokens;
+    int64_t ld_qkv, ld_gate_up; /* row strides of qkv and dqkv, of gate_up and dgate_up */
 };
 
 static float *layer_input(qwen3_model_t *m, int64_t l) { return m->stream + l * m->d.B * m->d.S * m->d.D; }
@@ -335,6 +346,11 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
         }
     }
     int64_t T = d->B * d->S;
+    /* fp32 only: bf16 runs' products read bf16 copies with their own strides (ld16). */
+    bool pad = !opt->bf16 && gemm_prefers_padded_rows(gemm);
+    int64_t QKV = (d->H + 2 * d->KV) * d->HD;
+    m->ld_qkv = pad ? padded_width(QKV) : QKV;
+    m->ld_gate_up = pad ? padded_width(2 * d->F) : 2 * d->F;
     m->stream = acts;
     m->acts_base = acts + (d->L + 1) * T * d->D;
     scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, opt->remat, scratch);
@@ -376,29 +392,30 @@ static void to_bf16(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t n) 
     SPAN(m, m->names.fwd[OP_TO_BF16], 0, bf16_from_f32_array(dst, src, n));
 }
 
-/* src [T, cols] into bf16 rows ld16(m, cols) apart: a matmul input in s.in16 or s.dy16. */
-static void to_bf16_rows(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t T, int64_t cols) {
-    SPAN(m, m->names.fwd[OP_TO_BF16], 0, bf16_from_f32_rows(dst, ld16(m, cols), src, T, cols));
+/* src [T, cols] (rows ld_src apart) into bf16 rows ld16(m, cols) apart: a matmul input in
+ * s.in16 or s.dy16. */
+static void to_bf16_rows(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t ld_src, int64_t T, int64_t cols) {
+    SPAN(m, m->names.fwd[OP_TO_BF16], 0, bf16_from_f32_rows(dst, ld16(m, cols), src, ld_src, T, cols));
 }
 
 /* bf16 runs: y (= or +=) x·Wᵀ with x already in s.in16 (bf16 [T, in], rows ld16(m, in) apart), written there by its
  * producer (layer_norm_for_matmul, swiglu_for_matmul) or by to_bf16. */
-static void linear_fwd_in16(qwen3_model_t *m, int op, float *y, const float *W, int64_t T, int64_t out, int64_t in,
-                            bool accumulate) {
+static void linear_fwd_in16(qwen3_model_t *m, int op, float *y, int64_t ld_y, const float *W, int64_t T, int64_t out,
+                            int64_t in, bool accumulate) {
     SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
-         gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, ld16(m, in), weight16(m, W), in, y, out, accumulate));
+         gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, ld16(m, in), weight16(m, W), in, y, ld_y, accumulate));
 }
 
-/* y[T, out] (= or +=) x[T, in] · W[out, in]ᵀ */
-static void linear_fwd(qwen3_model_t *m, int op, float *y, const float *x, const float *W,
+/* y[T, out] (rows ld_y apart) (= or +=) x[T, in] · W[out, in]ᵀ */
+static void linear_fwd(qwen3_model_t *m, int op, float *y, int64_t ld_y, const float *x, const float *W,
                        int64_t T, int64_t out, int64_t in, bool accumulate) {
     if (m->opt.bf16) {
-        to_bf16_rows(m, m->s.in16, x, T, in);
-        linear_fwd_in16(m, op, y, W, T, out, in, accumulate);
+        to_bf16_rows(m, m->s.in16, x, in, T, in);
+        linear_fwd_in16(m, op, y, ld_y, W, T, out, in, accumulate);
         return;
     }
     SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
-         gemm_f32(m->gemm, false, true, T, out, in, x, in, W, in, y, out, accumulate));
+         gemm_f32(m->gemm, false, true, T, out, in, x, in, W, in, y, ld_y, accumulate));
 }
 
 /* bf16 runs: linear_bwd with x already in s.in16 and dy in s.dy16. */
@@ -411,40 +428,40 @@ static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, float *dW, const 
 }
 
 /* bf16 runs: linear_bwd with x already in s.in16. */
-static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, const float *W, int64_t T,
-                            int64_t out, int64_t in) {
-    to_bf16_rows(m, m->s.dy16, dy, T, out);
+static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, int64_t ld_dy,
+                            const float *W, int64_t T, int64_t out, int64_t in) {
+    to_bf16_rows(m, m->s.dy16, dy, ld_dy, T, out);
     linear_bwd_16(m, op, dx, dW, W, T, out, in);
 }
 
 /* dx = dy·W and dW = dyᵀ·x (both written: a linear layer's weight has this one gradient product
  * per step, so it need not read zeros first: the weight-gradient products 1.008-1.030x,
  * flop-weighted over qwen3-0.6b's four layer shapes in three runs of bench/wgrad_write); dx may
- * alias x (x is read first). */
-static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy,
+ * alias x (x is read first). dy's rows are ld_dy apart.*/
+static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, int64_t ld_dy,
                        const float *x, const float *W, int64_t T, int64_t out, int64_t in) {
     if (m->opt.bf16) {
-        to_bf16_rows(m, m->s.in16, x, T, in);
-        linear_bwd_in16(m, op, dx, dW, dy, W, T, out, in);
+        to_bf16_rows(m, m->s.in16, x, in, T, in);
+        linear_bwd_in16(m, op, dx, dW, dy, ld_dy, W, T, out, in);
         return;
     }
     if (wide_layer(out, in) && m->s.x_t && gemm_wide_gradients_slow(m->gemm)) {
         scratch_t *s = &m->s;
         SPAN(m, m->names.fwd[OP_TRANSPOSE], 0, {
-            transpose_f32(s->dy_t, T, dy, out, T, out);
+            transpose_f32(s->dy_t, T, dy, ld_dy, T, out);
             transpose_f32(s->x_t, T, x, in, T, in);
             transpose_f32(s->w_t, out, W, in, out, in);
         });
         SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
              gemm_f32(m->gemm, false, true, out, in, T, s->dy_t, T, s->x_t, T, dW, in, false));
         SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
-             gemm_f32(m->gemm, false, true, T, in, out, dy, out, s->w_t, out, dx, in, false));
+             gemm_f32(m->gemm, false, true, T, in, out, dy, ld_dy, s->w_t, out, dx, in, false));
         return;
     }
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
-         gemm_f32(m->gemm, true, false, out, in, T, dy, out, x, in, dW, in, false));
+         gemm_f32(m->gemm, true, false, out, in, T, dy, ld_dy, x, in, dW, in, false));
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
-         gemm_f32(m->gemm, false, false, T, in, out, dy, out, W, in, dx, in, false));
+         gemm_f32(m->gemm, false, false, T, in, out, dy, ld_dy, W, in, dx, in, false));
 }
 
 /* A layer norm of x [T, D] for a matmul's input: fp32 into s.ln, or in bf16 runs straight into
@@ -462,20 +479,22 @@ static void layer_norm_for_matmul(qwen3_model_t *m, int op, float *rstd, const f
 static void swiglu_for_matmul(qwen3_model_t *m, const float *gate_up) {
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S;
-    if (m->opt.bf16) SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward_bf16(m->s.in16, ld16(m, d->F), gate_up, T, d->F));
-    else SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(m->s.h, gate_up, T, d->F));
+    if (m->opt.bf16)
+        SPAN(m, m->names.fwd[OP_SWIGLU], 0,
+             swiglu_forward_bf16(m->s.in16, ld16(m, d->F), gate_up, m->ld_gate_up, T, d->F));
+    else SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(m->s.h, gate_up, m->ld_gate_up, T, d->F));
 }
 
 /* The matmul input a *_for_matmul producer left: y (= or +=) x·Wᵀ, and its backward. */
-static void linear_fwd_produced(qwen3_model_t *m, int op, float *y, const float *x_f32, const float *W, int64_t T,
-                                int64_t out, int64_t in, bool accumulate) {
-    if (m->opt.bf16) linear_fwd_in16(m, op, y, W, T, out, in, accumulate);
-    else linear_fwd(m, op, y, x_f32, W, T, out, in, accumulate);
+static void linear_fwd_produced(qwen3_model_t *m, int op, float *y, int64_t ld_y, const float *x_f32, const float *W,
+                                int64_t T, int64_t out, int64_t in, bool accumulate) {
+    if (m->opt.bf16) linear_fwd_in16(m, op, y, ld_y, W, T, out, in, accumulate);
+    else linear_fwd(m, op, y, ld_y, x_f32, W, T, out, in, accumulate);
 }
-static void linear_bwd_produced(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, const float *x_f32,
-                                const float *W, int64_t T, int64_t out, int64_t in) {
-    if (m->opt.bf16) linear_bwd_in16(m, op, dx, dW, dy, W, T, out, in);
-    else linear_bwd(m, op, dx, dW, dy, x_f32, W, T, out, in);
+static void linear_bwd_produced(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, int64_t ld_dy,
+                                const float *x_f32, const float *W, int64_t T, int64_t out, int64_t in) {
+    if (m->opt.bf16) linear_bwd_in16(m, op, dx, dW, dy, ld_dy, W, T, out, in);
+    else linear_bwd(m, op, dx, dW, dy, ld_dy, x_f32, W, T, out, in);
 }
 
 static attn_shape_t attn_shape(const qwen3_dims_t *d) { return (attn_shape_t){.B = d->B, .S = d->S, .H = d->H, .KV = d->KV, .HD = d->HD}; }
@@ -492,15 +511,15 @@ static void copy_rows(qwen3_model_t *m, float *dst, const float *src, int64_t n)
 /* q and k for attention from the projections: qk-norm per head, then rope. */
 static void qk_from_qkv(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_acts_t *a) {
     const qwen3_dims_t *d = &m->d;
-    int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, QK = (d->H + d->KV) * d->HD;
+    int64_t T = d->B * d->S, ld_qkv = m->ld_qkv, QK = (d->H + d->KV) * d->HD;
     if (d->qk_norm) {
         SPAN(m, m->names.fwd[OP_QK_NORM], 0, {
-            rmsnorm_forward(a->qk, QK, a->qk_rstd, a->qkv, QKV, w->q_norm, T, d->H, d->HD, (float)d->eps);
-            rmsnorm_forward(a->qk + d->H * d->HD, QK, a->qk_rstd + T * d->H, a->qkv + d->H * d->HD, QKV,
+            rmsnorm_forward(a->qk, QK, a->qk_rstd, a->qkv, ld_qkv, w->q_norm, T, d->H, d->HD, (float)d->eps);
+            rmsnorm_forward(a->qk + d->H * d->HD, QK, a->qk_rstd + T * d->H, a->qkv + d->H * d->HD, ld_qkv,
                             w->k_norm, T, d->KV, d->HD, (float)d->eps);
         });
     } else {
-        for (int64_t t = 0; t < T; t++) memcpy(a->qk + t * QK, a->qkv + t * QKV, (size_t)QK * sizeof(float));
+        for (int64_t t = 0; t < T; t++) memcpy(a->qk + t * QK, a->qkv + t * ld_qkv, (size_t)QK * sizeof(float));
     }
     SPAN(m, m->names.fwd[OP_ROPE], 0, rope_forward(a->qk, QK, m->s.rope_cos, m->s.rope_sin, d->B, d->S, d->H + d->KV, d->HD));
 }
@@ -510,7 +529,7 @@ static void attention_inputs(qwen3_model_t *m, const qwen3_layer_params_t *w, la
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD;
     layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
-    linear_fwd_produced(m, OP_QKV, a->qkv, m->s.ln, w->q_proj, T, QKV, d->D, false);
+    linear_fwd_produced(m, OP_QKV, a->qkv, m->ld_qkv, m->s.ln, w->q_proj, T, QKV, d->D, false);
     qk_from_qkv(m, w, a);
 }
 
@@ -518,24 +537,24 @@ static void layer_forward(qwen3_model_t *m, int64_t l, const float *x, float *x_
     const qwen3_dims_t *d = &m->d;
     const qwen3_layer_params_t *w = &m->w.layers[l];
     layer_acts_t *a = acts_of(m, l);
-    int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, QK = (d->H + d->KV) * d->HD;
+    int64_t T = d->B * d->S, ld_qkv = m->ld_qkv, QK = (d->H + d->KV) * d->HD;
     attn_shape_t as = attn_shape(d);
     attention_inputs(m, w, a, x);
     if (m->opt.bf16)
         SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
              attention_forward_bf16(a->attn, d->H * d->HD, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
-                                    a->qkv + (d->H + d->KV) * d->HD, QKV, &as, m->s.attention, m->thread_gemm));
+                                    a->qkv + (d->H + d->KV) * d->HD, ld_qkv, &as, m->s.attention, m->thread_gemm));
     else
         SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
              attention_forward(a->attn, d->H * d->HD, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
-                               a->qkv + (d->H + d->KV) * d->HD, QKV, &as, m->s.attention, m->thread_gemm));
+                               a->qkv + (d->H + d->KV) * d->HD, ld_qkv, &as, m->s.attention, m->thread_gemm));
     copy_rows(m, a->x2, x, T * d->D);
-    linear_fwd(m, OP_O_PROJ, a->x2, a->attn, w->o_proj, T, d->D, d->H * d->HD, true);
+    linear_fwd(m, OP_O_PROJ, a->x2, d->D, a->attn, w->o_proj, T, d->D, d->H * d->HD, true);
     layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
-    linear_fwd_produced(m, OP_GATE_UP, a->gate_up, m->s.ln, w->gate_proj, T, 2 * d->F, d->D, false);
+    linear_fwd_produced(m, OP_GATE_UP, a->gate_up, m->ld_gate_up, m->s.ln, w->gate_proj, T, 2 * d->F, d->D, false);
     swiglu_for_matmul(m, a->gate_up);
     copy_rows(m, x_out, a->x2, T * d->D);
-    linear_fwd_produced(m, OP_DOWN, x_out, m->s.h, w->down_proj, T, d->D, d->F, true);
+    linear_fwd_produced(m, OP_DOWN, x_out, d->D, m->s.h, w->down_proj, T, d->D, d->F, true);
 }
 
 /* On entry s.dres holds dL/d(layer output); on exit dL/d(layer input). */
@@ -545,43 +564,45 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     qwen3_layer_params_t *dw = &m->dw.layers[l];
     layer_acts_t *a = acts_of(m, l);
     scratch_t *s = &m->s;
-    int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, QK = (d->H + d->KV) * d->HD, HHD = d->H * d->HD;
+    int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, ld_qkv = m->ld_qkv, QK = (d->H + d->KV) * d->HD, HHD = d->H * d->HD;
     attn_shape_t as = attn_shape(d);
     /* MLP: recompute the swiglu output and the normed input rather than saving them, each just
      * before the weight gradient that reads it (in bf16 runs both land in s.in16). */
     swiglu_for_matmul(m, a->gate_up);
-    linear_bwd_produced(m, OP_DOWN, s->h, dw->down_proj, s->dres, s->h, w->down_proj, T, d->D, d->F);
+    linear_bwd_produced(m, OP_DOWN, s->h, dw->down_proj, s->dres, d->D, s->h, w->down_proj, T, d->D, d->F);
     if (m->opt.bf16) /* dgate_up goes straight to the products' bf16 dy */
-        SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward_bf16(s->dy16, ld16(m, 2 * d->F), s->h, a->gate_up, T, d->F));
+        SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward_bf16(s->dy16, ld16(m, 2 * d->F), s->h, a->gate_up, m->ld_gate_up, T, d->F));
     else
-        SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward(s->dgate_up, s->h, a->gate_up, T, d->F));
+        SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward(s->dgate_up, m->ld_gate_up, s->h, a->gate_up, m->ld_gate_up, T, d->F));
     layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
     if (m->opt.bf16) linear_bwd_16(m, OP_GATE_UP, s->dln, dw->gate_proj, w->gate_proj, T, 2 * d->F, d->D);
-    else linear_bwd(m, OP_GATE_UP, s->dln, dw->gate_proj, s->dgate_up, s->ln, w->gate_proj, T, 2 * d->F, d->D);
+    else
+        linear_bwd(m, OP_GATE_UP, s->dln, dw->gate_proj, s->dgate_up, m->ld_gate_up, s->ln, w->gate_proj, T, 2 * d->F,
+                   d->D);
     SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->post_norm, s->dln, d->D, a->x2, d->D, w->post_norm, a->rstd2, T, 1, d->D));
     /* Attention. */
-    linear_bwd(m, OP_O_PROJ, s->dattn, dw->o_proj, s->dres, a->attn, w->o_proj, T, d->D, HHD);
+    linear_bwd(m, OP_O_PROJ, s->dattn, dw->o_proj, s->dres, d->D, a->attn, w->o_proj, T, d->D, HHD);
     if (m->opt.remat == QWEN3_REMAT_MINIMAL) qk_from_qkv(m, w, a); /* the shared buffer holds another layer's */
     if (m->opt.bf16)
         SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
-             attention_backward_bf16(s->dqkv, QKV, s->dqkv + HHD, QKV, s->dqkv + QK, QKV, s->dattn, HHD, a->attn, HHD,
-                                     a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, QKV, &as, s->attention,
+             attention_backward_bf16(s->dqkv, ld_qkv, s->dqkv + HHD, ld_qkv, s->dqkv + QK, ld_qkv, s->dattn, HHD, a->attn, HHD,
+                                     a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, ld_qkv, &as, s->attention,
                                      m->thread_gemm));
     else
         SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
-             attention_backward(s->dqkv, QKV, s->dqkv + HHD, QKV, s->dqkv + QK, QKV, s->dattn, HHD, a->attn, HHD,
-                                a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, QKV, &as, s->attention,
+             attention_backward(s->dqkv, ld_qkv, s->dqkv + HHD, ld_qkv, s->dqkv + QK, ld_qkv, s->dattn, HHD, a->attn, HHD,
+                                a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, ld_qkv, &as, s->attention,
                                 m->thread_gemm));
-    SPAN(m, m->names.bwd[OP_ROPE], 0, rope_backward(s->dqkv, QKV, s->rope_cos, s->rope_sin, d->B, d->S, d->H + d->KV, d->HD));
+    SPAN(m, m->names.bwd[OP_ROPE], 0, rope_backward(s->dqkv, ld_qkv, s->rope_cos, s->rope_sin, d->B, d->S, d->H + d->KV, d->HD));
     if (d->qk_norm) {
         SPAN(m, m->names.bwd[OP_QK_NORM], 0, {
-            rmsnorm_backward(s->dqkv, QKV, false, dw->q_norm, s->dqkv, QKV, a->qkv, QKV, w->q_norm, a->qk_rstd, T, d->H, d->HD);
-            rmsnorm_backward(s->dqkv + HHD, QKV, false, dw->k_norm, s->dqkv + HHD, QKV, a->qkv + HHD, QKV, w->k_norm,
+            rmsnorm_backward(s->dqkv, ld_qkv, false, dw->q_norm, s->dqkv, ld_qkv, a->qkv, ld_qkv, w->q_norm, a->qk_rstd, T, d->H, d->HD);
+            rmsnorm_backward(s->dqkv + HHD, ld_qkv, false, dw->k_norm, s->dqkv + HHD, ld_qkv, a->qkv + HHD, ld_qkv, w->k_norm,
                              a->qk_rstd + T * d->H, T, d->KV, d->HD);
         });
     }
     layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
-    linear_bwd_produced(m, OP_QKV, s->dln, dw->q_proj, s->dqkv, s->ln, w->q_proj, T, QKV, d->D);
+    linear_bwd_produced(m, OP_QKV, s->dln, dw->q_proj, s->dqkv, m->ld_qkv, s->ln, w->q_proj, T, QKV, d->D);
     SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->input_norm, s->dln, d->D, x, d->D, w->input_norm, a->rstd1, T, 1, d->D));
 }
 
