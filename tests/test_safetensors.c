@@ -618,6 +618,11 @@ static void test_fixture_untied_wide(void **state) {
     check_fixture_case("untied_wide", 0);
 }
 
+static void test_fixture_padded_rows(void **state) {
+    (void)state;
+    check_fixture_case("padded_rows", 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip_with_metadata, tmpdir_setup, tmpdir_teardown),
@@ -630,6 +635,7 @@ int main(void) {
         cmocka_unit_test(test_python_fixture_reads),
         cmocka_unit_test(test_fixture_tied_gqa),
         cmocka_unit_test(test_fixture_untied_wide),
+        cmocka_unit_test(test_fixture_padded_rows),
     };
     return cmocka_run_group_tests_name("safetensors", tests, NULL, NULL);
 }
