@@ -39,8 +39,10 @@ typedef struct layer_acts {
  * (AVX2) a product whose C, or whose transposed A, has rows a multiple of 2 KiB apart ran slower:
  * on 2 Zen 3 cores the qkv and gate_up products' forward (C = y) 1.00-1.10x and weight gradient
  * (A = dyᵀ) 1.02-1.13x faster at the padded stride, their input gradient level, the layer's
- * twelve forms 1.018-1.030x (four runs, alternated call by call). Buffers are always sized for
- * it, so the plan does not depend on the CPU; qwen3_create picks the strides a run uses. */
+ * twelve forms 1.018-1.030x (four runs, alternated call by call); in profiled steps the qkv
+ * and gate_up matmuls 1.041x relative to the others (median of seven pairs, bench/row_strides
+ * for the forms). Buffers are always sized for it, so the plan does not depend on the CPU;
+ * qwen3_create picks the strides a run uses. */
 static int64_t padded_width(int64_t cols) { return cols % 512 == 0 ? cols + 16 : cols; }
 
 /* Under MINIMAL, qk is not saved: it points at one scratch buffer that forward fills for the
