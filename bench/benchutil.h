@@ -21,11 +21,20 @@ static inline double bench_sorted_median(double *x, int n, double *q1, double *q
     return x[n / 2];
 }
 
+static inline float *bench_fill_(float *p, int64_t n, unsigned seed) {
+    if (p)
+        for (int64_t i = 0; i < n; i++) p[i] = (float)((i * 2654435761u + seed) % 2001) * 1e-3f - 1.0f;
+    return p;
+}
+
 /* n floats in [-1, 1], a pattern of the seed; the caller frees them. */
 static inline float *bench_filled(int64_t n, unsigned seed) {
-    float *p = malloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) p[i] = (float)((i * 2654435761u + seed) % 2001) * 1e-3f - 1.0f;
-    return p;
+    return bench_fill_(malloc((size_t)n * sizeof(float)), n, seed);
+}
+
+/* The same on a 64-byte boundary, as the model's arena places its buffers; NULL when out of memory. */
+static inline float *bench_filled_aligned(int64_t n, unsigned seed) {
+    return bench_fill_(aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64)), n, seed);
 }
 
 #endif

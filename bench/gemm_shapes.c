@@ -7,7 +7,7 @@
  * median of `reps` calls and % of the peak of its dtype given on the command line, then the
  * speed ratios, per shape once and weighted as often as a step runs each shape. Every operand's
  * rows are dense here; fp32 steps on AVX2 run qkv's and gate_up's activations at padded row
- * strides (qwen3.c's padded_width), which bench/row_strides measures against dense.
+ * strides (qwen3_padded_width), which bench/row_strides measures against dense.
  *   build/bench/gemm_shapes [T=1024] [reps=5] [fp32_peak_gflops=446] [bf16_peak_gflops=892] [threads=2] */
 #include <omp.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* row_strides: qwen3-0.6b's twelve layer matmul forms (forward y = x·Wᵀ, weight gradient
  * dW = dyᵀ·x, input gradient dx = dy·W of qkv_proj, o_proj, gate_up_proj and down_proj) with
- * the activations' rows dense, against the row strides the model runs (qwen3.c's padded_width:
+ * the activations' rows dense, against the row strides the model runs (qwen3_padded_width:
  * y and dy of qkv and gate_up, 4096 and 6144 floats wide, 64 bytes wider), and against every
  * activation padded so (x and dx as well, D and H·HD wide). Each variant runs through the same
  * gemm_f32 the model calls, alternated call by call so a noisy neighbour hits them alike; prints
@@ -13,8 +13,9 @@
 
 #include "benchutil.h"
 #include "kernels/gemm.h"
+#include "model/qwen3.h"
 
-enum { VARIANTS = 3, FORMS = 3, MAX_REPS = 64, PAD = 16 };
+enum { VARIANTS = 3, FORMS = 3, MAX_REPS = 64 };
 
 static double now(void) {
     struct timespec ts;
@@ -22,22 +23,19 @@ static double now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-/* n floats in [-1, 1] on a 64-byte boundary, as the model's arena places its buffers. */
-static float *filled_aligned(int64_t n, unsigned seed) {
-    float *p = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
+static float *filled(int64_t n, unsigned seed) {
+    float *p = bench_filled_aligned(n, seed);
     if (!p) {
         fprintf(stderr, "row_strides: out of memory\n");
         exit(1);
     }
-    for (int64_t i = 0; i < n; i++) p[i] = (float)((i * 2654435761u + seed) % 2001) * 1e-3f - 1.0f;
     return p;
 }
 
 /* The row stride of an activation `cols` wide in variant v: 0 dense, 1 as the model pads
- * (qkv and gate_up outputs only), 2 every activation off 2 KiB multiples. */
+ * (qkv and gate_up outputs only), 2 every activation at the model's padded width. */
 static int64_t stride(int v, int64_t cols, bool model_pads) {
-    bool pad = cols % 512 == 0 && (v == 2 || (v == 1 && model_pads));
-    return pad ? cols + PAD : cols;
+    return v == 2 || (v == 1 && model_pads) ? qwen3_padded_width(cols) : cols;
 }
 
 int main(int argc, char **argv) {
@@ -67,13 +65,13 @@ int main(int argc, char **argv) {
     double total[VARIANTS] = {0}, flops_all = 0;
     for (size_t l = 0; l < sizeof layers / sizeof layers[0]; l++) {
         int64_t out = layers[l].out, in = layers[l].in;
-        float *W = filled_aligned(out * in, 1), *dW = filled_aligned(out * in, 2);
+        float *W = filled(out * in, 1), *dW = filled(out * in, 2);
         float *x[VARIANTS], *dx[VARIANTS], *y[VARIANTS], *dy[VARIANTS];
         int64_t ldx[VARIANTS], ldy[VARIANTS];
         for (int v = 0; v < VARIANTS; v++) {
             ldx[v] = stride(v, in, false), ldy[v] = stride(v, out, layers[l].pads);
-            x[v] = filled_aligned(T * ldx[v], 3), dx[v] = filled_aligned(T * ldx[v], 4);
-            y[v] = filled_aligned(T * ldy[v], 5), dy[v] = filled_aligned(T * ldy[v], 6);
+            x[v] = filled(T * ldx[v], 3), dx[v] = filled(T * ldx[v], 4);
+            y[v] = filled(T * ldy[v], 5), dy[v] = filled(T * ldy[v], 6);
         }
         double ts[VARIANTS][FORMS][MAX_REPS];
         for (int r = -1; r < reps; r++) /* r = -1 warms each shape up, untimed */

@@ -982,7 +982,7 @@ static void test_swiglu_backward_fd(void **state) {
     }
 }
 
-/* The model may pad gate_up's and dgate_up's row stride (qwen3.c's padded_width): at such
+/* The model may pad gate_up's and dgate_up's row stride (qwen3_padded_width): at such
  * strides every kernel gives the same bits as on dense rows, in fp32 and bf16, reads nothing
  * of the padding and writes none of it (sentinels there stay, NaN ones in the input). */
 static void test_swiglu_strided_rows(void **state) {

@@ -182,7 +182,7 @@ static void test_untied_wide_loss_and_grads(void **st) { (void)st; check_loss_an
 static void test_tied_gqa_three_steps(void **st) { (void)st; check_three_steps("tied_gqa"); }
 static void test_untied_wide_three_steps(void **st) { (void)st; check_three_steps("untied_wide"); }
 /* q/k/v and gate/up 512 wide: on CPUs where the matmuls prefer it (oneDNN's gemm driver, AVX2),
- * those activations and their gradients run at padded row strides (qwen3.c's padded_width). */
+ * those activations and their gradients run at padded row strides (qwen3_padded_width). */
 static void note_padding(void) {
     char err[256];
     gemm_ctx_t *g = gemm_create(GEMM_LIB_AUTO, err, sizeof err);

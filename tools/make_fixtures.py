@@ -48,7 +48,7 @@ CASES = {
         rms_norm_eps=1e-5, tie_word_embeddings=False, batch=2, seq=10, seed=5678,
         init_std=0.05, clip=1.0),
     # q/k/v and gate/up 512 columns wide (2 KiB rows): where stepscope pads those activations'
-    # row strides (qwen3.c's padded_width), this case runs the padded layout.
+    # row strides (qwen3_padded_width), this case runs the padded layout.
     "padded_rows": dict(
         vocab_size=96, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=1000000.0,

@@ -9,7 +9,7 @@
 #include "kernels/bf16.h"
 
 /* h[T, F], gate_up[T, 2F] with rows ld_gate_up apart (≥ 2F: the model pads that stride off
- * 2 KiB multiples where the gate/up matmuls run faster so: qwen3.c's padded_width). */
+ * 2 KiB multiples where the gate/up matmuls run faster so: qwen3_padded_width). */
 void swiglu_forward(float *h, const float *gate_up, int64_t ld_gate_up, int64_t T, int64_t F);
 /* The same with h rounded to bf16 (as bf16_from_f32 rounds it), for the down projection's bf16
  * input: the fp32 h is never written and read back. h rows ld_h apart (≥ F). */

@@ -43,15 +43,15 @@ typedef struct layer_acts {
  * and gate_up matmuls 1.041x relative to the others (median of seven pairs, bench/row_strides
  * for the forms). Buffers are always sized for it, so the plan does not depend on the CPU;
  * qwen3_create picks the strides a run uses. */
-static int64_t padded_width(int64_t cols) { return cols % 512 == 0 ? cols + 16 : cols; }
+int64_t qwen3_padded_width(int64_t cols) { return cols % 512 == 0 ? cols + 16 : cols; }
 
 /* Under MINIMAL, qk is not saved: it points at one scratch buffer that forward fills for the
  * layer at hand and backward refills from qkv. */
 static int64_t layer_acts_floats(const qwen3_dims_t *d, qwen3_remat_t remat) {
     int64_t T = d->B * d->S;
     int64_t qk = remat == QWEN3_REMAT_MINIMAL ? 0 : T * (d->H + d->KV) * d->HD;
-    return T * padded_width((d->H + 2 * d->KV) * d->HD) + qk + T * d->H * d->HD +
-           T * d->D + T * padded_width(2 * d->F) + T + T + T * (d->H + d->KV) + d->B * d->H * d->S;
+    return T * qwen3_padded_width((d->H + 2 * d->KV) * d->HD) + qk + T * d->H * d->HD +
+           T * d->D + T * qwen3_padded_width(2 * d->F) + T + T + T * (d->H + d->KV) + d->B * d->H * d->S;
 }
 
 static float *carve(float **cursor, int64_t n) {
@@ -63,11 +63,11 @@ static float *carve(float **cursor, int64_t n) {
 static void layer_acts_bind(layer_acts_t *a, const qwen3_dims_t *d, float *base, float *shared_qk) {
     int64_t T = d->B * d->S;
     float *c = base;
-    a->qkv = carve(&c, T * padded_width((d->H + 2 * d->KV) * d->HD));
+    a->qkv = carve(&c, T * qwen3_padded_width((d->H + 2 * d->KV) * d->HD));
     a->qk = shared_qk ? shared_qk : carve(&c, T * (d->H + d->KV) * d->HD);
     a->attn = carve(&c, T * d->H * d->HD);
     a->x2 = carve(&c, T * d->D);
-    a->gate_up = carve(&c, T * padded_width(2 * d->F));
+    a->gate_up = carve(&c, T * qwen3_padded_width(2 * d->F));
     a->rstd1 = carve(&c, T);
     a->rstd2 = carve(&c, T);
     a->qk_rstd = carve(&c, T * (d->H + d->KV));
@@ -159,8 +159,8 @@ int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xen
     int64_t in16 = 0, dy16 = 0;
     if (bf16) bf16_scratch_sizes(d, xent_chunk, &in16, &dy16);
     int64_t qk = remat == QWEN3_REMAT_MINIMAL ? T * (d->H + d->KV) * d->HD : 0;
-    return transpose_scratch_floats(d, bf16) + qk + in16 + dy16 + 3 * T * d->D + T * d->F + T * padded_width(2 * d->F) + T * d->H * d->HD +
-           T * padded_width((d->H + 2 * d->KV) * d->HD) +
+    return transpose_scratch_floats(d, bf16) + qk + in16 + dy16 + 3 * T * d->D + T * d->F + T * qwen3_padded_width(2 * d->F) + T * d->H * d->HD +
+           T * qwen3_padded_width((d->H + 2 * d->KV) * d->HD) +
            T + xent_chunk * d->V + 3 * xent_chunk + d->S * d->HD +
            (bf16 ? attention_bf16_scratch_floats(&a, num_threads) : attention_scratch_floats(&a, num_threads)) +
            T * d->D;
@@ -175,9 +175,9 @@ static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, i
     s->h = carve(&c, T * d->F);
     s->dres = carve(&c, T * d->D);
     s->dln = carve(&c, T * d->D);
-    s->dgate_up = carve(&c, T * padded_width(2 * d->F));
+    s->dgate_up = carve(&c, T * qwen3_padded_width(2 * d->F));
     s->dattn = carve(&c, T * d->H * d->HD);
-    s->dqkv = carve(&c, T * padded_width((d->H + 2 * d->KV) * d->HD));
+    s->dqkv = carve(&c, T * qwen3_padded_width((d->H + 2 * d->KV) * d->HD));
     s->rstd_final = carve(&c, T);
     s->logits = carve(&c, chunk * d->V);
     s->row_loss = carve(&c, chunk);
@@ -351,8 +351,8 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     /* fp32 only: bf16 runs' products read bf16 copies with their own strides (ld16). */
     bool pad = !opt->bf16 && gemm_prefers_padded_rows(gemm);
     int64_t QKV = (d->H + 2 * d->KV) * d->HD;
-    m->ld_qkv = pad ? padded_width(QKV) : QKV;
-    m->ld_gate_up = pad ? padded_width(2 * d->F) : 2 * d->F;
+    m->ld_qkv = pad ? qwen3_padded_width(QKV) : QKV;
+    m->ld_gate_up = pad ? qwen3_padded_width(2 * d->F) : 2 * d->F;
     m->stream = acts;
     m->acts_base = acts + (d->L + 1) * T * d->D;
     scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, opt->remat, scratch);

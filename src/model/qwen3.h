@@ -99,6 +99,11 @@ int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xen
  * 16 slowed MKL's bf16 (AMX) products (bench/gemm_shapes prints the head GEMMs at a chosen chunk). */
 int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d);
 
+/* The row stride an activation `cols` wide may take (the q/k/v and gate/up activations and their
+ * gradients in fp32 on oneDNN's gemm driver): cols, 64 bytes wider where it is a multiple of
+ * 2 KiB. Buffers are sized for it on every CPU; see qwen3.c. */
+int64_t qwen3_padded_width(int64_t cols);
+
 typedef struct qwen3_model qwen3_model_t;
 
 typedef struct qwen3_options {
