@@ -1,10 +1,12 @@
 /* row_strides: qwen3-0.6b's twelve layer matmul forms (forward y = x·Wᵀ, weight gradient
  * dW = dyᵀ·x, input gradient dx = dy·W of qkv_proj, o_proj, gate_up_proj and down_proj) with
- * the activations' rows dense, against the row strides the model runs (qwen3_padded_width:
- * y and dy of qkv and gate_up, 4096 and 6144 floats wide, 64 bytes wider), and against every
- * activation padded so (x and dx as well, D and H·HD wide). Each variant runs through the same
- * gemm_f32 the model calls, alternated call by call so a noisy neighbour hits them alike; prints
- * each form's median GFLOP/s and speed-up over dense, and the twelve forms' sum.
+ * the activations' rows dense (row_padding=dense), against only the q/k/v and gate/up ones
+ * padded (y and dy of qkv and gate_up, 4096 and 6144 floats wide, 64 bytes wider: the model's
+ * layout from 2026-12-02 until every activation was padded), and against every activation padded
+ * (x and dx as well, D, H·HD and F wide: qwen3_padded_width, the layout row_padding=auto runs on
+ * oneDNN's gemm driver). Each variant runs through the same gemm_f32 the model calls, alternated
+ * call by call so a noisy neighbour hits them alike; prints each form's median GFLOP/s and
+ * speed-up over dense, and the twelve forms' sum.
  *   build/bench/row_strides [tokens=1024] [reps=7] [threads=2] */
 #include <omp.h>
 #include <stdio.h>
@@ -32,8 +34,8 @@ static float *filled(int64_t n, unsigned seed) {
     return p;
 }
 
-/* The row stride of an activation `cols` wide in variant v: 0 dense, 1 as the model pads
- * (qkv and gate_up outputs only), 2 every activation at the model's padded width. */
+/* The row stride of an activation `cols` wide in variant v: 0 dense, 1 the qkv and gate_up
+ * outputs only, 2 every activation at the model's padded width. */
 static int64_t stride(int v, int64_t cols, bool model_pads) {
     return v == 2 || (v == 1 && model_pads) ? qwen3_padded_width(cols) : cols;
 }
@@ -55,12 +57,12 @@ int main(int argc, char **argv) {
     const struct {
         const char *name;
         int64_t out, in;
-        bool pads; /* the model pads this layer's y and dy */
+        bool pads; /* variant 1 pads this layer's y and dy */
     } layers[] = {{"qkv_proj", 4096, 1024, true}, {"o_proj", 1024, 2048, false},
                   {"gate_up_proj", 6144, 1024, true}, {"down_proj", 1024, 3072, false}};
     static const char *forms[FORMS] = {"fwd   y=x·Wᵀ", "wgrad dW=dyᵀ·x", "dgrad dx=dy·W"};
     printf("qwen3-0.6b layer matmuls at T=%lld tokens, %d threads, oneDNN, median of %d, alternated call by call;\n"
-           "GFLOP/s with the activations' rows dense | as the model pads them (qkv, gate_up: y, dy) | all padded\n",
+           "GFLOP/s with the activations' rows dense | qkv's and gate_up's y and dy padded | all padded (the model's)\n",
            (long long)T, threads, reps);
     double total[VARIANTS] = {0}, flops_all = 0;
     for (size_t l = 0; l < sizeof layers / sizeof layers[0]; l++) {

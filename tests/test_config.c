@@ -113,6 +113,7 @@ static void test_defaults(void **state) {
     assert_int_equal(c.profiler_steps, 5);
     assert_int_equal(c.num_threads, 0);
     assert_string_equal(c.remat_policy, "none");
+    assert_string_equal(c.row_padding, "auto");
 
     /* An empty file and a comments-only file are the defaults too. */
     config_t e;
@@ -264,6 +265,7 @@ static void test_bad_values(void **state) {
         {"dataset_type=web", "dataset_type=web", "synthetic, tokens"},
         {"profiler=tensorboard", "profiler=tensorboard", "\"\", xplane"},
         {"remat_policy=some", "remat_policy=some", "none, full, minimal"},
+        {"row_padding=wide", "row_padding=wide", "auto, dense, padded"},
     };
     for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
         char *ov[] = {(char *)C[i].arg};

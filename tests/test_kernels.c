@@ -766,7 +766,7 @@ static void test_forward_bf16_outputs(void **state) {
     bf16_t *h16 = malloc((size_t)(T * ldh) * sizeof(bf16_t));
     for (int64_t e = 0; e < T * ldh; e++) h16[e] = PAD;
     fill_uniform(gate_up, (size_t)(T * 2 * F), &rng, -6.0f, 6.0f);
-    swiglu_forward(h, gate_up, 2 * F, T, F);
+    swiglu_forward(h, F, gate_up, 2 * F, T, F);
     swiglu_forward_bf16(h16, ldh, gate_up, 2 * F, T, F);
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < ldh; j++)
@@ -777,8 +777,8 @@ static void test_forward_bf16_outputs(void **state) {
     bf16_t *dgu16 = malloc((size_t)(T * ldg) * sizeof(bf16_t));
     for (int64_t e = 0; e < T * ldg; e++) dgu16[e] = PAD;
     fill_uniform(h, (size_t)(T * F), &rng, -1.0f, 1.0f);
-    swiglu_backward(dgu, 2 * F, h, gate_up, 2 * F, T, F);
-    swiglu_backward_bf16(dgu16, ldg, h, gate_up, 2 * F, T, F);
+    swiglu_backward(dgu, 2 * F, h, F, gate_up, 2 * F, T, F);
+    swiglu_backward_bf16(dgu16, ldg, h, F, gate_up, 2 * F, T, F);
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < ldg; j++)
             if (dgu16[t * ldg + j] != (j < 2 * F ? bf16_from_f32(dgu[t * 2 * F + j]) : PAD))
@@ -931,7 +931,7 @@ typedef struct swiglu_ctx {
 
 static double swiglu_loss(void *p) {
     swiglu_ctx_t *c = p;
-    swiglu_forward(c->h, c->gu, 2 * c->F, c->T, c->F);
+    swiglu_forward(c->h, c->F, c->gu, 2 * c->F, c->T, c->F);
     return dot_2d(c->h, c->F, c->R, c->F, c->T, c->F);
 }
 
@@ -945,7 +945,7 @@ static void test_swiglu_forward(void **state) {
     float *gu = falloc((size_t)(T * 2 * F)), *h = falloc((size_t)(T * F));
     fill_uniform(gu, (size_t)(T * 2 * F), &rng, -6.0f, 6.0f);
     gu[3] = 30.0f, gu[4] = -30.0f, gu[5] = 100.0f, gu[6] = -100.0f, gu[2 * F + 520] = -95.0f;
-    swiglu_forward(h, gu, 2 * F, T, F);
+    swiglu_forward(h, F, gu, 2 * F, T, F);
     double num = 0, den = 0;
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < F; j++) {
@@ -974,7 +974,7 @@ static void test_swiglu_backward_fd(void **state) {
         fill_uniform(c.R, (size_t)(c.T * c.F), &rng, -1.0f, 1.0f);
         float *dgu = falloc(n);
         fill_const(dgu, n, SENTINEL);
-        swiglu_backward(dgu, 2 * c.F, c.R, c.gu, 2 * c.F, c.T, c.F);
+        swiglu_backward(dgu, 2 * c.F, c.R, c.F, c.gu, 2 * c.F, c.T, c.F);
         size_t ni;
         size_t *idx = block_indices(1, (int64_t)n, (int64_t)n, &ni);
         CHECK_LE("swiglu dgate_up vs FD", fd_serial(c.gu, idx, ni, dgu, 1e-2, swiglu_loss, &c), 1e-3);
@@ -982,22 +982,31 @@ static void test_swiglu_backward_fd(void **state) {
     }
 }
 
-/* The model may pad gate_up's and dgate_up's row stride (qwen3_padded_width): at such
- * strides every kernel gives the same bits as on dense rows, in fp32 and bf16, reads nothing
- * of the padding and writes none of it (sentinels there stay, NaN ones in the input). */
+/* The model may pad every activation's row stride (qwen3_padded_width): at such strides every
+ * kernel gives the same bits as on dense rows, in fp32 and bf16, reads nothing of the padding
+ * (NaN there in gate_up and dh) and writes none of it (sentinels there in h and dgate_up stay). */
 static void test_swiglu_strided_rows(void **state) {
     (void)state;
     test_rng_t rng = {32};
-    const int64_t T = 3, F = 531, ld = 2 * F + 16, ldh16 = F + 32;
+    const int64_t T = 3, F = 531, ld = 2 * F + 16, ldf = F + 16, ldh16 = F + 32;
     float *gu = falloc((size_t)(T * 2 * F)), *gu_pad = falloc((size_t)(T * ld)), *dh = falloc((size_t)(T * F));
+    float *dh_pad = falloc((size_t)(T * ldf));
     fill_uniform(gu, (size_t)(T * 2 * F), &rng, -6.0f, 6.0f);
     fill_uniform(dh, (size_t)(T * F), &rng, -1.0f, 1.0f);
     fill_const(gu_pad, (size_t)(T * ld), NAN);
-    for (int64_t t = 0; t < T; t++) memcpy(gu_pad + t * ld, gu + t * 2 * F, (size_t)(2 * F) * sizeof(float));
-    float *h = falloc((size_t)(T * F)), *h_pad = falloc((size_t)(T * F));
-    swiglu_forward(h, gu, 2 * F, T, F);
-    swiglu_forward(h_pad, gu_pad, ld, T, F);
-    assert_memory_equal(h, h_pad, (size_t)(T * F) * sizeof(float));
+    fill_const(dh_pad, (size_t)(T * ldf), NAN);
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(gu_pad + t * ld, gu + t * 2 * F, (size_t)(2 * F) * sizeof(float));
+        memcpy(dh_pad + t * ldf, dh + t * F, (size_t)F * sizeof(float));
+    }
+    float *h = falloc((size_t)(T * F)), *h_pad = falloc((size_t)(T * ldf));
+    fill_const(h_pad, (size_t)(T * ldf), SENTINEL);
+    swiglu_forward(h, F, gu, 2 * F, T, F);
+    swiglu_forward(h_pad, ldf, gu_pad, ld, T, F);
+    for (int64_t t = 0; t < T; t++) {
+        assert_memory_equal(h + t * F, h_pad + t * ldf, (size_t)F * sizeof(float));
+        for (int64_t j = F; j < ldf; j++) assert_true(h_pad[t * ldf + j] == SENTINEL);
+    }
     bf16_t *h16 = malloc((size_t)(T * ldh16) * sizeof(bf16_t)), *h16_pad = malloc((size_t)(T * ldh16) * sizeof(bf16_t));
     swiglu_forward_bf16(h16, ldh16, gu, 2 * F, T, F);
     swiglu_forward_bf16(h16_pad, ldh16, gu_pad, ld, T, F);
@@ -1005,20 +1014,20 @@ static void test_swiglu_strided_rows(void **state) {
         assert_memory_equal(h16 + t * ldh16, h16_pad + t * ldh16, (size_t)F * sizeof(bf16_t));
     float *dgu = falloc((size_t)(T * 2 * F)), *dgu_pad = falloc((size_t)(T * ld));
     fill_const(dgu_pad, (size_t)(T * ld), SENTINEL);
-    swiglu_backward(dgu, 2 * F, dh, gu, 2 * F, T, F);
-    swiglu_backward(dgu_pad, ld, dh, gu_pad, ld, T, F);
+    swiglu_backward(dgu, 2 * F, dh, F, gu, 2 * F, T, F);
+    swiglu_backward(dgu_pad, ld, dh_pad, ldf, gu_pad, ld, T, F);
     for (int64_t t = 0; t < T; t++) {
         assert_memory_equal(dgu + t * 2 * F, dgu_pad + t * ld, (size_t)(2 * F) * sizeof(float));
         for (int64_t j = 2 * F; j < ld; j++) assert_true(dgu_pad[t * ld + j] == SENTINEL);
     }
     bf16_t *d16 = malloc((size_t)(T * 2 * F) * sizeof(bf16_t)), *d16_pad = malloc((size_t)(T * 2 * F) * sizeof(bf16_t));
-    swiglu_backward_bf16(d16, 2 * F, dh, gu, 2 * F, T, F);
-    swiglu_backward_bf16(d16_pad, 2 * F, dh, gu_pad, ld, T, F);
+    swiglu_backward_bf16(d16, 2 * F, dh, F, gu, 2 * F, T, F);
+    swiglu_backward_bf16(d16_pad, 2 * F, dh_pad, ldf, gu_pad, ld, T, F);
     assert_memory_equal(d16, d16_pad, (size_t)(T * 2 * F) * sizeof(bf16_t));
     /* and rounding rows read at a padded stride */
     bf16_from_f32_rows(d16_pad, 2 * F, dgu_pad, ld, T, 2 * F);
     for (int64_t e = 0; e < T * 2 * F; e++) assert_true(d16_pad[e] == bf16_from_f32(dgu[e]));
-    free(gu), free(gu_pad), free(dh), free(h), free(h_pad), free(h16), free(h16_pad), free(dgu), free(dgu_pad);
+    free(gu), free(gu_pad), free(dh), free(dh_pad), free(h), free(h_pad), free(h16), free(h16_pad), free(dgu), free(dgu_pad);
     free(d16), free(d16_pad);
 }
 
@@ -1032,7 +1041,7 @@ typedef struct embed_ctx {
 
 static double embed_loss(void *p) {
     embed_ctx_t *c = p;
-    embed_forward(c->out, c->tok, c->ld_tok, c->table, c->B, c->S, c->D);
+    embed_forward(c->out, c->D, c->tok, c->ld_tok, c->table, c->B, c->S, c->D);
     return dot_2d(c->out, c->D, c->R, c->D, c->B * c->S, c->D);
 }
 
@@ -1053,7 +1062,7 @@ static void test_embed(void **state) {
     c.table = falloc((size_t)(V * c.D)), c.out = falloc((size_t)(T * c.D)), c.R = falloc((size_t)(T * c.D));
     fill_uniform(c.table, (size_t)(V * c.D), &rng, -1.0f, 1.0f);
     fill_uniform(c.R, (size_t)(T * c.D), &rng, -1.0f, 1.0f);
-    embed_forward(c.out, tok, c.ld_tok, c.table, c.B, c.S, c.D);
+    embed_forward(c.out, c.D, tok, c.ld_tok, c.table, c.B, c.S, c.D);
     for (int64_t t = 0; t < T; t++)
         assert_memory_equal(c.out + t * c.D, c.table + tok[(t / c.S) * c.ld_tok + t % c.S] * c.D,
                             (size_t)c.D * sizeof(float));
@@ -1065,16 +1074,45 @@ static void test_embed(void **state) {
     for (int64_t i = 0; i < V * c.D; i++) ref[i] = d0[i];
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < c.D; j++) ref[tok[(t / c.S) * c.ld_tok + t % c.S] * c.D + j] += c.R[t * c.D + j];
-    embed_backward(dt, c.R, tok, c.ld_tok, c.B, c.S, c.D);
+    embed_backward(dt, c.R, c.D, tok, c.ld_tok, c.B, c.S, c.D);
     CHECK_LE("embed backward (accumulating) vs double", rel_err_fd(dt, ref, (size_t)(V * c.D)), 1e-6);
 
     float *grad = falloc((size_t)(V * c.D));
     fill_const(grad, (size_t)(V * c.D), 0.0f);
-    embed_backward(grad, c.R, tok, c.ld_tok, c.B, c.S, c.D);
+    embed_backward(grad, c.R, c.D, tok, c.ld_tok, c.B, c.S, c.D);
     size_t ni;
     size_t *idx = block_indices(V, c.D, c.D, &ni);
     CHECK_LE("embed dtable vs FD", fd_serial(c.table, idx, ni, grad, 1e-2, embed_loss, &c), 1e-4);
     free(idx), free(grad), free(d0), free(dt), free(ref), free(c.table), free(c.out), free(c.R);
+}
+
+/* At a padded row stride (the model's residual stream, qwen3_padded_width) the forward writes
+ * the same rows and none of the padding (sentinels stay), and the backward gives the same bits
+ * reading none of it (NaN there). */
+static void test_embed_strided_rows(void **state) {
+    (void)state;
+    test_rng_t rng = {41};
+    const int64_t B = 2, S = 5, D = 70, ld = D + 16, V = 7, T = B * S;
+    int32_t tok[12];
+    for (int i = 0; i < 12; i++) tok[i] = (int32_t)rng_below(&rng, V);
+    float *table = falloc((size_t)(V * D)), *out = falloc((size_t)(T * D)), *out_pad = falloc((size_t)(T * ld));
+    fill_uniform(table, (size_t)(V * D), &rng, -1.0f, 1.0f);
+    fill_const(out_pad, (size_t)(T * ld), SENTINEL);
+    embed_forward(out, D, tok, S + 1, table, B, S, D);
+    embed_forward(out_pad, ld, tok, S + 1, table, B, S, D);
+    for (int64_t t = 0; t < T; t++) {
+        assert_memory_equal(out + t * D, out_pad + t * ld, (size_t)D * sizeof(float));
+        for (int64_t j = D; j < ld; j++) assert_true(out_pad[t * ld + j] == SENTINEL);
+    }
+    float *dout = out, *dout_pad = out_pad, *dt = falloc((size_t)(V * D)), *dt_pad = falloc((size_t)(V * D));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = D; j < ld; j++) dout_pad[t * ld + j] = NAN;
+    fill_const(dt, (size_t)(V * D), 0.25f);
+    fill_const(dt_pad, (size_t)(V * D), 0.25f);
+    embed_backward(dt, dout, D, tok, S + 1, B, S, D);
+    embed_backward(dt_pad, dout_pad, ld, tok, S + 1, B, S, D);
+    assert_memory_equal(dt, dt_pad, (size_t)(V * D) * sizeof(float));
+    free(table), free(out), free(out_pad), free(dt), free(dt_pad);
 }
 
 /* ================================= xent ================================= */
@@ -1665,7 +1703,7 @@ static void test_thread_determinism(void **state) {
         omp_set_num_threads(t + 1);
         dt[t] = falloc((size_t)(V * D));
         fill_const(dt[t], (size_t)(V * D), 0.125f);
-        embed_backward(dt[t], dout_e, tok, S + 1, B, S, D);
+        embed_backward(dt[t], dout_e, D, tok, S + 1, B, S, D);
     }
     assert_memory_equal(dt[0], dt[1], (size_t)(V * D) * sizeof(float));
     free(dt[0]), free(dt[1]), free(dout_e);
@@ -1718,6 +1756,7 @@ int main(void) {
         cmocka_unit_test(test_swiglu_backward_fd),
         cmocka_unit_test(test_swiglu_strided_rows),
         cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_embed_strided_rows),
         cmocka_unit_test(test_xent_backward_fd),
         cmocka_unit_test(test_xent_vs_double),
         cmocka_unit_test(test_vf_exp_accuracy),

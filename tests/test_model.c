@@ -33,7 +33,9 @@ static const char *meta(const safetensors_t *st, const char *key) {
     return v;
 }
 
-static void load_fixture(fixture_t *f, const char *name) {
+/* rows: row_padding's value ("dense" or "padded"), so that each check runs both layouts on
+ * every CPU, not only the one auto picks there. */
+static void load_fixture(fixture_t *f, const char *name, const char *rows) {
     char path[256], err[512];
     snprintf(path, sizeof path, "tests/fixtures/%s/reference.safetensors", name);
     assert_int_equal(safetensors_open(&f->ref, path, err, sizeof err), 0);
@@ -61,6 +63,7 @@ static void load_fixture(fixture_t *f, const char *name) {
     OV("gradient_clipping_threshold=%s", meta(r, "clip"));
     OV("load_parameters_path=tests/fixtures/%s/weights.safetensors", name);
     OV("%s", "profiler=");
+    OV("row_padding=%s", rows);
 #undef OV
     char *argv[32];
     for (int i = 0; i < n; i++) argv[i] = ov[i];
@@ -71,6 +74,7 @@ static void load_fixture(fixture_t *f, const char *name) {
     rc = train_state_create(&f->state, &f->cfg, &f->plan, NULL, NULL, err, sizeof err);
     if (rc) fprintf(stderr, "state: %s\n", err);
     assert_int_equal(rc, 0);
+    assert_int_equal(qwen3_rows_padded(f->state.model), !strcmp(rows, "padded"));
     const st_tensor_t *tok = safetensors_find(r, "tokens");
     assert_non_null(tok);
     assert_int_equal(tok->dtype, ST_I32);
@@ -143,65 +147,72 @@ static double worst_tensor_error(const fixture_t *f, const char *prefix, const f
     return worst;
 }
 
-static void check_loss_and_grads(const char *name) {
+static void check_loss_and_grads(const char *name, const char *rows) {
     fixture_t f;
-    load_fixture(&f, name);
+    load_fixture(&f, name, rows);
     double loss = qwen3_forward_backward(f.state.model, f.tokens);
     double ref_loss = ref_scalar(&f, "loss", 0);
     double loss_rel = fabs(loss - ref_loss) / fabs(ref_loss);
-    printf("# %s: loss %.8f reference %.8f relative error %.2e\n", name, loss, ref_loss, loss_rel);
+    printf("# %s, %s rows: loss %.8f reference %.8f relative error %.2e\n", name, rows, loss, ref_loss, loss_rel);
     /* fp32 through a few small layers: ~1e-7 relative; 1e-5 is the bar. */
     assert_true(loss_rel < 1e-5);
     const char *worst_name = "";
     double worst = worst_tensor_error(&f, "grad.", f.state.grads, 1e-4, &worst_name);
     assert_true(worst < 1e-4);
-    printf("# %s: %lld gradient tensors, worst relative error %.2e (%s)\n", name, (long long)f.num_tensors, worst, worst_name);
+    printf("# %s, %s rows: %lld gradient tensors, worst relative error %.2e (%s)\n", name, rows, (long long)f.num_tensors,
+           worst, worst_name);
     free_fixture(&f);
 }
 
-static void check_three_steps(const char *name) {
+static void check_three_steps(const char *name, const char *rows) {
     fixture_t f;
-    load_fixture(&f, name);
+    load_fixture(&f, name, rows);
     for (int step = 0; step < 3; step++) {
         step_result_t r;
         train_step(&f.state, f.tokens, &r);
         double ref_loss = ref_scalar(&f, "losses", step), ref_norm = ref_scalar(&f, "grad_norm", step);
-        printf("# %s step %d: loss %.7f (ref %.7f) raw grad norm %.6f (ref %.6f) clipped %.6f\n", name, step,
+        printf("# %s, %s rows, step %d: loss %.7f (ref %.7f) raw grad norm %.6f (ref %.6f) clipped %.6f\n", name, rows, step,
                r.loss, ref_loss, r.raw_grad_norm, ref_norm, r.grad_norm);
         assert_true(fabs(r.loss - ref_loss) / ref_loss < 1e-5);
         assert_true(fabs(r.raw_grad_norm - ref_norm) / ref_norm < 1e-4);
     }
     double worst = worst_tensor_error(&f, "step3.", f.state.params, 1e-5, NULL);
     assert_true(worst < 1e-5);
-    printf("# %s: parameters after 3 AdamW steps, worst relative error %.2e\n", name, worst);
+    printf("# %s, %s rows: parameters after 3 AdamW steps, worst relative error %.2e\n", name, rows, worst);
     free_fixture(&f);
 }
 
-static void test_tied_gqa_loss_and_grads(void **st) { (void)st; check_loss_and_grads("tied_gqa"); }
-static void test_untied_wide_loss_and_grads(void **st) { (void)st; check_loss_and_grads("untied_wide"); }
-static void test_tied_gqa_three_steps(void **st) { (void)st; check_three_steps("tied_gqa"); }
-static void test_untied_wide_three_steps(void **st) { (void)st; check_three_steps("untied_wide"); }
-/* q/k/v and gate/up 512 wide: on CPUs where the matmuls prefer it (oneDNN's gemm driver, AVX2),
- * those activations and their gradients run at padded row strides (qwen3_padded_width). */
+/* padded_rows: q/k/v and gate/up 512 wide, the widths (2 KiB multiples) where the matmuls on
+ * oneDNN's gemm driver (AVX2) run faster at padded strides; the other fixtures' widths are off
+ * them. Each check runs each fixture at dense and at padded rows (qwen3_padded_width: every
+ * activation and its gradient), whatever auto picks on this CPU. */
 static void note_padding(void) {
     char err[256];
     gemm_ctx_t *g = gemm_create(GEMM_LIB_AUTO, err, sizeof err);
     assert_non_null(g);
-    printf("# padded_rows: activation row strides %s on this CPU\n", gemm_prefers_padded_rows(g) ? "padded" : "dense");
+    printf("# row_padding=auto runs %s rows on this CPU\n", gemm_prefers_padded_rows(g) ? "padded" : "dense");
     gemm_destroy(g);
 }
-static void test_padded_rows_loss_and_grads(void **st) { (void)st; note_padding(); check_loss_and_grads("padded_rows"); }
-static void test_padded_rows_three_steps(void **st) { (void)st; check_three_steps("padded_rows"); }
+#define FIXTURE_TESTS(fixture, rows)                                                                         \
+    static void test_##fixture##_##rows##_loss_and_grads(void **st) { (void)st; check_loss_and_grads(#fixture, #rows); } \
+    static void test_##fixture##_##rows##_three_steps(void **st) { (void)st; check_three_steps(#fixture, #rows); }
+FIXTURE_TESTS(tied_gqa, dense)
+FIXTURE_TESTS(tied_gqa, padded)
+FIXTURE_TESTS(untied_wide, dense)
+FIXTURE_TESTS(untied_wide, padded)
+FIXTURE_TESTS(padded_rows, dense)
+FIXTURE_TESTS(padded_rows, padded)
+static void test_row_padding_auto(void **st) { (void)st; note_padding(); }
 
 /* The gradient buffer's contract: backward writes every matmul weight's gradient and adds into
  * the rest, which qwen3_zero_accumulated_grads zeroes. So with the buffer full of NaN and only
  * those entries zeroed, a backward gives the gradients of one from an all-zero buffer bit for
  * bit: an entry it read without writing first, or one the zeroing missed, would be NaN. The
  * saved activations are NaN too: each is written before it is read, and the padding columns of
- * padded rows (padded_rows: qkv's and gate_up's) are neither written nor read. */
-static void check_grads_over_stale_buffer(const char *name) {
+ * padded rows are never read (the residual copies carry them along). */
+static void check_grads_over_stale_buffer(const char *name, const char *rows) {
     fixture_t f;
-    load_fixture(&f, name);
+    load_fixture(&f, name, rows);
     int64_t n = f.plan.num_params;
     memset(f.state.grads, 0, (size_t)n * sizeof(float));
     double loss = qwen3_forward_backward(f.state.model, f.tokens);
@@ -217,16 +228,24 @@ static void check_grads_over_stale_buffer(const char *name) {
     free_fixture(&f);
 }
 
-static void test_tied_gqa_grads_over_stale_buffer(void **st) { (void)st; check_grads_over_stale_buffer("tied_gqa"); }
-static void test_untied_wide_grads_over_stale_buffer(void **st) { (void)st; check_grads_over_stale_buffer("untied_wide"); }
-static void test_padded_rows_grads_over_stale_buffer(void **st) { (void)st; check_grads_over_stale_buffer("padded_rows"); }
+#define STALE_BUFFER_TEST(fixture, rows)                                                                     \
+    static void test_##fixture##_##rows##_grads_over_stale_buffer(void **st) {                                \
+        (void)st;                                                                                           \
+        check_grads_over_stale_buffer(#fixture, #rows);                                                     \
+    }
+STALE_BUFFER_TEST(tied_gqa, dense)
+STALE_BUFFER_TEST(tied_gqa, padded)
+STALE_BUFFER_TEST(untied_wide, dense)
+STALE_BUFFER_TEST(untied_wide, padded)
+STALE_BUFFER_TEST(padded_rows, dense)
+STALE_BUFFER_TEST(padded_rows, padded)
 
 /* Rematerialisation recomputes what it did not keep with the same kernels on the same inputs:
- * the gradients equal remat none's bit for bit, and the plan keeps less (full < minimal < none). */
-static void test_remat_matches_none(void **st) {
-    (void)st;
+ * the gradients equal remat none's bit for bit, and the plan keeps less (full < minimal < none),
+ * at either row layout (full reruns a layer's forward into the norm-gradient buffer). */
+static void check_remat_matches_none(const char *rows) {
     fixture_t f;
-    load_fixture(&f, "tied_gqa");
+    load_fixture(&f, "tied_gqa", rows);
     double loss = qwen3_forward_backward(f.state.model, f.tokens);
     int64_t n = f.plan.num_params;
     float *g = malloc((size_t)n * sizeof(float));
@@ -238,7 +257,7 @@ static void test_remat_matches_none(void **st) {
         snprintf(f.cfg.remat_policy, sizeof f.cfg.remat_policy, "%s", policies[i]);
         plan_t plan;
         assert_int_equal(plan_build(&plan, &f.cfg, 2, 1, err, sizeof err), 0);
-        printf("# remat %s keeps %llu bytes of activations (the one before: %llu)\n", policies[i],
+        printf("# remat %s, %s rows, keeps %llu bytes of activations (the one before: %llu)\n", policies[i], rows,
                (unsigned long long)plan.activations_bytes, (unsigned long long)kept);
         assert_true(plan.activations_bytes < kept);
         kept = plan.activations_bytes;
@@ -251,6 +270,12 @@ static void test_remat_matches_none(void **st) {
     }
     free(g);
     free_fixture(&f);
+}
+
+static void test_remat_matches_none(void **st) {
+    (void)st;
+    check_remat_matches_none("dense");
+    check_remat_matches_none("padded");
 }
 
 /* A state from overrides on the built-in defaults, on 2 threads. */
@@ -267,10 +292,9 @@ static void new_state(train_state_t *s, plan_t *plan, int n, char **overrides) {
  * up to a few 1e-3 on the gradients; the bars below (loss 2e-3, each gradient tensor 3e-2)
  * sit above that and far below what a wrong bf16 path gives (order 1: a wrong operand, a
  * stale weight copy or a missing accumulate). */
-static void test_bf16_against_reference(void **st) {
-    (void)st;
+static void check_bf16_against_reference(const char *rows) {
     fixture_t f;
-    load_fixture(&f, "tied_gqa");
+    load_fixture(&f, "tied_gqa", rows);
     train_state_destroy(&f.state);
     f.cfg.dtype = DTYPE_BFLOAT16;
     char err[256];
@@ -281,7 +305,8 @@ static void test_bf16_against_reference(void **st) {
     double loss = qwen3_forward_backward(f.state.model, f.tokens);
     double ref_loss = ref_scalar(&f, "loss", 0), loss_rel = fabs(loss - ref_loss) / ref_loss;
     double worst = worst_tensor_error(&f, "grad.", f.state.grads, 3e-2, NULL);
-    printf("# tied_gqa in bf16: loss relative error %.2e, worst gradient relative error %.2e\n", loss_rel, worst);
+    printf("# tied_gqa in bf16, %s rows: loss relative error %.2e, worst gradient relative error %.2e\n", rows, loss_rel,
+           worst);
     assert_true(loss_rel < 2e-3);
     assert_true(worst < 3e-2);
     /* The optimizer keeps the bf16 weight copy equal to bf16 of the fp32 master weights. */
@@ -290,6 +315,13 @@ static void test_bf16_against_reference(void **st) {
     for (int64_t i = 0; i < f.plan.num_params; i++)
         if (f.state.params_bf16[i] != bf16_from_f32(f.state.params[i])) fail_msg("bf16 copy stale at %lld", (long long)i);
     free_fixture(&f);
+}
+
+/* auto keeps bf16 runs dense; padded rows there are a user's choice and must give the same. */
+static void test_bf16_against_reference(void **st) {
+    (void)st;
+    check_bf16_against_reference("dense");
+    check_bf16_against_reference("padded");
 }
 
 /* The issue's bar for bf16: the loss curve over 30 steps within 2% of fp32's. A tiny model on
@@ -460,15 +492,16 @@ static void test_default_xent_chunk(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tied_gqa_loss_and_grads),
-        cmocka_unit_test(test_untied_wide_loss_and_grads),
-        cmocka_unit_test(test_tied_gqa_three_steps),
-        cmocka_unit_test(test_untied_wide_three_steps),
-        cmocka_unit_test(test_tied_gqa_grads_over_stale_buffer),
-        cmocka_unit_test(test_untied_wide_grads_over_stale_buffer),
-        cmocka_unit_test(test_padded_rows_loss_and_grads),
-        cmocka_unit_test(test_padded_rows_three_steps),
-        cmocka_unit_test(test_padded_rows_grads_over_stale_buffer),
+        cmocka_unit_test(test_row_padding_auto),
+#define FIXTURE_ENTRIES(fixture, rows)                                                                       \
+    cmocka_unit_test(test_##fixture##_##rows##_loss_and_grads), cmocka_unit_test(test_##fixture##_##rows##_three_steps), \
+        cmocka_unit_test(test_##fixture##_##rows##_grads_over_stale_buffer)
+        FIXTURE_ENTRIES(tied_gqa, dense),
+        FIXTURE_ENTRIES(tied_gqa, padded),
+        FIXTURE_ENTRIES(untied_wide, dense),
+        FIXTURE_ENTRIES(untied_wide, padded),
+        FIXTURE_ENTRIES(padded_rows, dense),
+        FIXTURE_ENTRIES(padded_rows, padded),
         cmocka_unit_test(test_remat_matches_none),
         cmocka_unit_test(test_tiny_model_learns),
         cmocka_unit_test(test_init_statistics_and_determinism),

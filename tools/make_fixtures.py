@@ -47,8 +47,8 @@ CASES = {
         num_attention_heads=4, num_key_value_heads=1, head_dim=24, rope_theta=500000.0,
         rms_norm_eps=1e-5, tie_word_embeddings=False, batch=2, seq=10, seed=5678,
         init_std=0.05, clip=1.0),
-    # q/k/v and gate/up 512 columns wide (2 KiB rows): where stepscope pads those activations'
-    # row strides (qwen3_padded_width), this case runs the padded layout.
+    # q/k/v and gate/up 512 columns wide (2 KiB rows), the widths where padding the activations'
+    # row strides (qwen3_padded_width) pays; tests/test_model.c runs every case at both layouts.
     "padded_rows": dict(
         vocab_size=96, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=1000000.0,

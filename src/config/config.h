@@ -72,6 +72,7 @@ typedef struct config {
     double memory_limit_gib;    /* 0 = this machine's physical memory */
     int64_t xent_chunk_tokens;  /* tokens per LM-head/cross-entropy chunk; 0 = choose */
     char gemm_library[CONFIG_STR_MAX]; /* "auto" | "onednn" | "mkl" */
+    char row_padding[CONFIG_STR_MAX];  /* "auto" | "dense" | "padded" */
     char remat_policy[CONFIG_STR_MAX]; /* MaxText values: "none" | "minimal" | "full" */
 } config_t;
 

@@ -2,18 +2,18 @@
 
 #include <string.h>
 
-void embed_forward(float *out, const int32_t *tokens, int64_t ld_tokens, const float *table,
+void embed_forward(float *out, int64_t ld_out, const int32_t *tokens, int64_t ld_tokens, const float *table,
                    int64_t B, int64_t S, int64_t D) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < B * S; t++) {
         int32_t id = tokens[(t / S) * ld_tokens + t % S];
-        memcpy(out + t * D, table + (int64_t)id * D, (size_t)D * sizeof(float));
+        memcpy(out + t * ld_out, table + (int64_t)id * D, (size_t)D * sizeof(float));
     }
 }
 
 enum { EMBED_COLUMNS = 64 };
 
-void embed_backward(float *dtable, const float *dout, const int32_t *tokens, int64_t ld_tokens,
+void embed_backward(float *dtable, const float *dout, int64_t ld_dout, const int32_t *tokens, int64_t ld_tokens,
                     int64_t B, int64_t S, int64_t D) {
     int64_t col_blocks = (D + EMBED_COLUMNS - 1) / EMBED_COLUMNS;
 #pragma omp parallel for schedule(static)
@@ -23,7 +23,7 @@ void embed_backward(float *dtable, const float *dout, const int32_t *tokens, int
         for (int64_t t = 0; t < B * S; t++) {
             int32_t id = tokens[(t / S) * ld_tokens + t % S];
             float *row = dtable + (int64_t)id * D;
-            const float *g = dout + t * D;
+            const float *g = dout + t * ld_dout;
 #pragma omp simd
             for (int64_t c = c0; c < c1; c++) row[c] += g[c];
         }

@@ -4,13 +4,15 @@
 
 #include <stdint.h>
 
-/* out[T, D] = table[tokens[t], :]; tokens[T] index rows of table[V, D]. Token t of row b is
- * tokens[b·ld_tokens + s] with T = B·S (the batch rows carry S+1 ids). */
-void embed_forward(float *out, const int32_t *tokens, int64_t ld_tokens, const float *table,
+/* out[T, D] (rows ld_out ≥ D apart) = table[tokens[t], :]; tokens[T] index rows of
+ * table[V, D]. Token t of row b is tokens[b·ld_tokens + s] with T = B·S (the batch rows carry
+ * S+1 ids). Columns [D, ld_out) are not written. */
+void embed_forward(float *out, int64_t ld_out, const int32_t *tokens, int64_t ld_tokens, const float *table,
                    int64_t B, int64_t S, int64_t D);
-/* dtable[V, D] += scatter of dout[T, D] by token id. Columns are split across threads and
- * tokens summed in order, so repeated ids add up the same way for any thread count. */
-void embed_backward(float *dtable, const float *dout, const int32_t *tokens, int64_t ld_tokens,
+/* dtable[V, D] += scatter of dout[T, D] (rows ld_dout ≥ D apart) by token id. Columns are split
+ * across threads and tokens summed in order, so repeated ids add up the same way for any thread
+ * count. */
+void embed_backward(float *dtable, const float *dout, int64_t ld_dout, const int32_t *tokens, int64_t ld_tokens,
                     int64_t B, int64_t S, int64_t D);
 
 #endif

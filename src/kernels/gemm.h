@@ -53,7 +53,8 @@ bool gemm_wide_gradients_slow(const gemm_ctx_t *g);
 
 /* Whether fp32 products should get their activations (C, and the transposed A of a weight
  * gradient) with row strides off multiples of 2 KiB: on oneDNN's gemm driver (AVX2 CPUs) such
- * strides cost the qkv and gate_up products up to 13% a form (qwen3_padded_width). */
+ * strides cost a qwen3 layer's products up to 13% a form (qwen3_padded_width; row_padding=auto
+ * pads every activation where this says so). */
 bool gemm_prefers_padded_rows(const gemm_ctx_t *g);
 
 /* Whether fp32 attention should run its block products (ATTN_QBLOCK queries × up to S keys × HD) in

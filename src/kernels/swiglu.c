@@ -27,12 +27,12 @@ static inline void swiglu_tile(float *y, const float *g, const float *u, int64_t
     for (int64_t j = 0; j < n; j++) y[j] = g[j] * sig[j] * u[j];
 }
 
-void swiglu_forward(float *h, const float *gate_up, int64_t ld_gate_up, int64_t T, int64_t F) {
+void swiglu_forward(float *h, int64_t ld_h, const float *gate_up, int64_t ld_gate_up, int64_t T, int64_t F) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
         const float *g = gate_up + t * ld_gate_up, *u = g + F;
         for (int64_t j0 = 0; j0 < F; j0 += SWIGLU_TILE)
-            swiglu_tile(h + t * F + j0, g + j0, u + j0, F - j0 < SWIGLU_TILE ? F - j0 : SWIGLU_TILE);
+            swiglu_tile(h + t * ld_h + j0, g + j0, u + j0, F - j0 < SWIGLU_TILE ? F - j0 : SWIGLU_TILE);
     }
 }
 
@@ -63,22 +63,22 @@ static inline void swiglu_backward_tile(float *dg, float *du, const float *g, co
     }
 }
 
-void swiglu_backward(float *dgate_up, int64_t ld_dgate_up, const float *dh, const float *gate_up, int64_t ld_gate_up,
-                     int64_t T, int64_t F) {
+void swiglu_backward(float *dgate_up, int64_t ld_dgate_up, const float *dh, int64_t ld_dh, const float *gate_up,
+                     int64_t ld_gate_up, int64_t T, int64_t F) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
-        const float *g = gate_up + t * ld_gate_up, *u = g + F, *dy = dh + t * F;
+        const float *g = gate_up + t * ld_gate_up, *u = g + F, *dy = dh + t * ld_dh;
         float *dg = dgate_up + t * ld_dgate_up, *du = dg + F;
         for (int64_t j0 = 0; j0 < F; j0 += SWIGLU_TILE)
             swiglu_backward_tile(dg + j0, du + j0, g + j0, u + j0, dy + j0, F - j0 < SWIGLU_TILE ? F - j0 : SWIGLU_TILE);
     }
 }
 
-void swiglu_backward_bf16(bf16_t *dgate_up, int64_t ld_dgate_up, const float *dh, const float *gate_up,
-                          int64_t ld_gate_up, int64_t T, int64_t F) {
+void swiglu_backward_bf16(bf16_t *dgate_up, int64_t ld_dgate_up, const float *dh, int64_t ld_dh,
+                          const float *gate_up, int64_t ld_gate_up, int64_t T, int64_t F) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) {
-        const float *g = gate_up + t * ld_gate_up, *u = g + F, *dy = dh + t * F;
+        const float *g = gate_up + t * ld_gate_up, *u = g + F, *dy = dh + t * ld_dh;
         for (int64_t j0 = 0; j0 < F; j0 += SWIGLU_TILE) {
             int64_t n = F - j0 < SWIGLU_TILE ? F - j0 : SWIGLU_TILE;
             float dg[SWIGLU_TILE], du[SWIGLU_TILE];

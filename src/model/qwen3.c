@@ -25,8 +25,8 @@
 typedef struct layer_acts {
     float *qkv;     /* [T, (H+2KV)·HD]  q, k, v projections before norm and rope; rows ld_qkv apart */
     float *qk;      /* [T, (H+KV)·HD]   q and k after qk-norm and rope: attention's inputs */
-    float *attn;    /* [T, H·HD]        attention output (o_proj input) */
-    float *x2;      /* [T, D]           residual after attention */
+    float *attn;    /* [T, H·HD]        attention output (o_proj input); rows ld_hhd apart */
+    float *x2;      /* [T, D]           residual after attention; rows ld_d apart */
     float *gate_up; /* [T, 2F]          gate and up projections; rows ld_gate_up apart */
     float *rstd1;   /* [T]              input norm statistics */
     float *rstd2;   /* [T]              post-attention norm statistics */
@@ -34,49 +34,59 @@ typedef struct layer_acts {
     float *lse;     /* [B, H, S]        attention row log-sum-exp */
 } layer_acts_t;
 
-/* The row stride the q/k/v and gate/up activations (and their gradients) may take: their width,
- * 64 bytes wider where it is a multiple of 2 KiB (every qwen3 width). On oneDNN's gemm driver
- * (AVX2) a product whose C, or whose transposed A, has rows a multiple of 2 KiB apart ran slower:
- * on 2 Zen 3 cores the qkv and gate_up products' forward (C = y) 1.00-1.10x and weight gradient
- * (A = dyᵀ) 1.02-1.13x faster at the padded stride, their input gradient level, the layer's
- * twelve forms 1.018-1.030x (four runs, alternated call by call); in profiled steps the qkv
- * and gate_up matmuls 1.041x relative to the others (median of seven pairs, bench/row_strides
- * for the forms). Buffers are always sized for it, so the plan does not depend on the CPU;
+/* The row stride an activation `cols` wide takes where rows are padded: 64 bytes wider. On
+ * oneDNN's gemm driver (AVX2) a product whose C, or whose transposed A, has rows a multiple of
+ * 2 KiB apart (every qwen3 width) ran slower: on 2 Zen 3 cores, padding the q/k/v and gate/up
+ * activations ran those products' forward (C = y) 1.00-1.10x and weight gradient (A = dyᵀ)
+ * 1.02-1.13x faster, and in profiled steps their matmuls 1.041x relative to the others (median
+ * of seven pairs); padding every activation ran the layer's twelve forms 1.021-1.069x dense,
+ * against 0.997-1.038x for the q/k/v and gate/up ones alone (bench/row_strides, alternated call
+ * by call). Widths off 2 KiB multiples are padded too: one rule, and rows stay 64-byte aligned.
+ * Buffers are always sized for it, so the plan does not depend on the CPU or on row_padding;
  * qwen3_create picks the strides a run uses. */
-int64_t qwen3_padded_width(int64_t cols) { return cols % 512 == 0 ? cols + 16 : cols; }
+int64_t qwen3_padded_width(int64_t cols) { return cols + 16; }
 
-/* Under MINIMAL, qk is not saved: it points at one scratch buffer that forward fills for the
- * layer at hand and backward refills from qkv. */
-static int64_t layer_acts_floats(const qwen3_dims_t *d, qwen3_remat_t remat) {
-    int64_t T = d->B * d->S;
-    int64_t qk = remat == QWEN3_REMAT_MINIMAL ? 0 : T * (d->H + d->KV) * d->HD;
-    return T * qwen3_padded_width((d->H + 2 * d->KV) * d->HD) + qk + T * d->H * d->HD +
-           T * d->D + T * qwen3_padded_width(2 * d->F) + T + T + T * (d->H + d->KV) + d->B * d->H * d->S;
-}
+/* Consecutive buffers out of one region; with base NULL it only counts, so each bind function
+ * below both sizes its part of the plan and lays it out. */
+typedef struct carver {
+    float *base;
+    int64_t used;
+} carver_t;
 
-static float *carve(float **cursor, int64_t n) {
-    float *p = *cursor;
-    *cursor += n;
+static float *carve(carver_t *c, int64_t n) {
+    float *p = c->base ? c->base + c->used : NULL;
+    c->used += n;
     return p;
 }
 
-static void layer_acts_bind(layer_acts_t *a, const qwen3_dims_t *d, float *base, float *shared_qk) {
+/* Under MINIMAL, qk is not saved: it points at one scratch buffer (shared_qk) that forward
+ * fills for the layer at hand and backward refills from qkv. Returns the floats carved. */
+static int64_t layer_acts_bind(layer_acts_t *a, const qwen3_dims_t *d, qwen3_remat_t remat, float *base,
+                               float *shared_qk) {
     int64_t T = d->B * d->S;
-    float *c = base;
+    carver_t c = {base, 0};
     a->qkv = carve(&c, T * qwen3_padded_width((d->H + 2 * d->KV) * d->HD));
-    a->qk = shared_qk ? shared_qk : carve(&c, T * (d->H + d->KV) * d->HD);
-    a->attn = carve(&c, T * d->H * d->HD);
-    a->x2 = carve(&c, T * d->D);
+    a->qk = remat == QWEN3_REMAT_MINIMAL ? shared_qk : carve(&c, T * (d->H + d->KV) * d->HD);
+    a->attn = carve(&c, T * qwen3_padded_width(d->H * d->HD));
+    a->x2 = carve(&c, T * qwen3_padded_width(d->D));
     a->gate_up = carve(&c, T * qwen3_padded_width(2 * d->F));
     a->rstd1 = carve(&c, T);
     a->rstd2 = carve(&c, T);
     a->qk_rstd = carve(&c, T * (d->H + d->KV));
     a->lse = carve(&c, d->B * d->H * d->S);
+    return c.used;
 }
 
+static int64_t layer_acts_floats(const qwen3_dims_t *d, qwen3_remat_t remat) {
+    layer_acts_t sizing;
+    return layer_acts_bind(&sizing, d, remat, NULL, NULL);
+}
+
+/* Floats of one layer input in the residual stream: [T, D] at the padded stride. */
+static int64_t stream_floats(const qwen3_dims_t *d) { return d->B * d->S * qwen3_padded_width(d->D); }
+
 int64_t qwen3_saved_activation_floats(const qwen3_dims_t *d, qwen3_remat_t remat) {
-    int64_t T = d->B * d->S;
-    int64_t stream = (d->L + 1) * T * d->D; /* every layer's input, and the final one */
+    int64_t stream = (d->L + 1) * stream_floats(d); /* every layer's input, and the final one */
     return stream + (remat == QWEN3_REMAT_FULL ? 1 : d->L) * layer_acts_floats(d, remat);
 }
 
@@ -103,11 +113,11 @@ int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d) {
 /* Scratch, reused by every layer: see the bind in qwen3_create. */
 typedef struct scratch {
     float *ln;       /* [T, D]       a norm's output (recomputed in backward); final norm output */
-    float *h;        /* [T, F]       swiglu output; then its gradient */
+    float *h;        /* [T, F]       swiglu output; then its gradient; rows ld_f apart */
     float *dres;     /* [T, D]       gradient of the residual stream */
-    float *dln;      /* [T, D]       gradient of a norm's output */
+    float *dln;      /* [T, D]       gradient of a norm's output (ln, dres, dln: rows ld_d apart) */
     float *dgate_up; /* [T, 2F]       rows ld_gate_up apart, as gate_up's */
-    float *dattn;    /* [T, H·HD] */
+    float *dattn;    /* [T, H·HD]     rows ld_hhd apart, as attn's */
     float *dqkv;     /* [T, (H+2KV)·HD] rows ld_qkv apart, as qkv's */
     float *rstd_final; /* [T] */
     float *logits;   /* [chunk, V]   one chunk of logits, then its gradient */
@@ -152,31 +162,18 @@ static void bf16_scratch_sizes(const qwen3_dims_t *d, int64_t chunk, int64_t *in
     *dy16 = (dy + 1) / 2;
 }
 
-int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16,
-                             qwen3_remat_t remat) {
-    int64_t T = d->B * d->S;
+/* Returns the floats carved; with base NULL only counts (qwen3_scratch_floats). */
+static int64_t scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, int64_t chunk, bool bf16,
+                            qwen3_remat_t remat, float *base) {
+    int64_t T = d->B * d->S, wD = qwen3_padded_width(d->D);
     attn_shape_t a = {.B = d->B, .S = d->S, .H = d->H, .KV = d->KV, .HD = d->HD};
-    int64_t in16 = 0, dy16 = 0;
-    if (bf16) bf16_scratch_sizes(d, xent_chunk, &in16, &dy16);
-    int64_t qk = remat == QWEN3_REMAT_MINIMAL ? T * (d->H + d->KV) * d->HD : 0;
-    return transpose_scratch_floats(d, bf16) + qk + in16 + dy16 + 3 * T * d->D + T * d->F + T * qwen3_padded_width(2 * d->F) + T * d->H * d->HD +
-           T * qwen3_padded_width((d->H + 2 * d->KV) * d->HD) +
-           T + xent_chunk * d->V + 3 * xent_chunk + d->S * d->HD +
-           (bf16 ? attention_bf16_scratch_floats(&a, num_threads) : attention_scratch_floats(&a, num_threads)) +
-           T * d->D;
-}
-
-static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, int64_t chunk, bool bf16,
-                         qwen3_remat_t remat, float *base) {
-    int64_t T = d->B * d->S;
-    attn_shape_t a = {.B = d->B, .S = d->S, .H = d->H, .KV = d->KV, .HD = d->HD};
-    float *c = base;
-    s->ln = carve(&c, T * d->D);
-    s->h = carve(&c, T * d->F);
-    s->dres = carve(&c, T * d->D);
-    s->dln = carve(&c, T * d->D);
+    carver_t c = {base, 0};
+    s->ln = carve(&c, T * wD);
+    s->h = carve(&c, T * qwen3_padded_width(d->F));
+    s->dres = carve(&c, T * wD);
+    s->dln = carve(&c, T * wD);
     s->dgate_up = carve(&c, T * qwen3_padded_width(2 * d->F));
-    s->dattn = carve(&c, T * d->H * d->HD);
+    s->dattn = carve(&c, T * qwen3_padded_width(d->H * d->HD));
     s->dqkv = carve(&c, T * qwen3_padded_width((d->H + 2 * d->KV) * d->HD));
     s->rstd_final = carve(&c, T);
     s->logits = carve(&c, chunk * d->V);
@@ -198,6 +195,13 @@ static void scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads, i
         s->x_t = carve(&c, T * d->F);
         s->w_t = carve(&c, d->F * d->D);
     }
+    return c.used;
+}
+
+int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xent_chunk, bool bf16,
+                             qwen3_remat_t remat) {
+    scratch_t sizing = {0};
+    return scratch_bind(&sizing, d, num_threads, xent_chunk, bf16, remat, NULL);
 }
 
 /* Span names, interned once so the hot path passes integers. */
@@ -226,10 +230,13 @@ struct qwen3_model {
     trace_t *trace;
     op_names_t names;
     const int32_t *tokens;
-    int64_t ld_qkv, ld_gate_up; /* row strides of qkv and dqkv, of gate_up and dgate_up */
+    /* Row strides (qwen3_padded_width, or dense): of the D-wide activations (the residual
+     * stream, x2, ln, dres, dln), of attn and dattn, of h, of qkv and dqkv, of gate_up and
+     * dgate_up. */
+    int64_t ld_d, ld_hhd, ld_f, ld_qkv, ld_gate_up;
 };
 
-static float *layer_input(qwen3_model_t *m, int64_t l) { return m->stream + l * m->d.B * m->d.S * m->d.D; }
+static float *layer_input(qwen3_model_t *m, int64_t l) { return m->stream + l * stream_floats(&m->d); }
 static layer_acts_t *acts_of(qwen3_model_t *m, int64_t l) { return &m->acts[m->opt.remat == QWEN3_REMAT_FULL ? 0 : l]; }
 
 /* ---- tracing helpers: one span per kernel call, FLOPs carried by matmuls ---- */
@@ -347,17 +354,21 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
             }
         }
     }
-    int64_t T = d->B * d->S;
-    /* fp32 only: bf16 runs' products read bf16 copies with their own strides (ld16). */
-    bool pad = !opt->bf16 && gemm_prefers_padded_rows(gemm);
+    /* Auto: fp32 only, where the library runs faster so (bf16 runs' products read bf16 copies
+     * with their own strides, ld16). */
+    bool pad = opt->rows == QWEN3_ROWS_PADDED ||
+               (opt->rows == QWEN3_ROWS_AUTO && !opt->bf16 && gemm_prefers_padded_rows(gemm));
     int64_t QKV = (d->H + 2 * d->KV) * d->HD;
+    m->ld_d = pad ? qwen3_padded_width(d->D) : d->D;
+    m->ld_hhd = pad ? qwen3_padded_width(d->H * d->HD) : d->H * d->HD;
+    m->ld_f = pad ? qwen3_padded_width(d->F) : d->F;
     m->ld_qkv = pad ? qwen3_padded_width(QKV) : QKV;
     m->ld_gate_up = pad ? qwen3_padded_width(2 * d->F) : 2 * d->F;
     m->stream = acts;
-    m->acts_base = acts + (d->L + 1) * T * d->D;
+    m->acts_base = acts + (d->L + 1) * stream_floats(d);
     scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, opt->remat, scratch);
     for (int64_t l = 0; l < nacts; l++)
-        layer_acts_bind(&m->acts[l], d, m->acts_base + l * layer_acts_floats(d, opt->remat), m->s.qk);
+        layer_acts_bind(&m->acts[l], d, opt->remat, m->acts_base + l * layer_acts_floats(d, opt->remat), m->s.qk);
     rope_tables(m->s.rope_cos, m->s.rope_sin, d->S, d->HD, d->rope_theta);
     if (m->trace) intern_names(m);
     return m;
@@ -375,6 +386,8 @@ void qwen3_destroy(qwen3_model_t *m) {
     free(m->names.layer_bwd);
     free(m);
 }
+
+bool qwen3_rows_padded(const qwen3_model_t *m) { return m->ld_d != m->d.D; }
 
 const char *qwen3_attention_blocks(const qwen3_model_t *m) {
     if (m->thread_gemm) return "the matmul library, one context per thread";
@@ -408,62 +421,63 @@ static void linear_fwd_in16(qwen3_model_t *m, int op, float *y, int64_t ld_y, co
          gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, ld16(m, in), weight16(m, W), in, y, ld_y, accumulate));
 }
 
-/* y[T, out] (rows ld_y apart) (= or +=) x[T, in] · W[out, in]ᵀ */
-static void linear_fwd(qwen3_model_t *m, int op, float *y, int64_t ld_y, const float *x, const float *W,
-                       int64_t T, int64_t out, int64_t in, bool accumulate) {
+/* y[T, out] (rows ld_y apart) (= or +=) x[T, in] (rows ld_x apart) · W[out, in]ᵀ */
+static void linear_fwd(qwen3_model_t *m, int op, float *y, int64_t ld_y, const float *x, int64_t ld_x,
+                       const float *W, int64_t T, int64_t out, int64_t in, bool accumulate) {
     if (m->opt.bf16) {
-        to_bf16_rows(m, m->s.in16, x, in, T, in);
+        to_bf16_rows(m, m->s.in16, x, ld_x, T, in);
         linear_fwd_in16(m, op, y, ld_y, W, T, out, in, accumulate);
         return;
     }
     SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
-         gemm_f32(m->gemm, false, true, T, out, in, x, in, W, in, y, ld_y, accumulate));
+         gemm_f32(m->gemm, false, true, T, out, in, x, ld_x, W, in, y, ld_y, accumulate));
 }
 
 /* bf16 runs: linear_bwd with x already in s.in16 and dy in s.dy16. */
-static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, float *dW, const float *W, int64_t T, int64_t out,
-                          int64_t in) {
+static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *W, int64_t T,
+                          int64_t out, int64_t in) {
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
          gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16, ld16(m, in), dW, in, false));
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
-         gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, ld16(m, out), weight16(m, W), in, dx, in, false));
+         gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, ld16(m, out), weight16(m, W), in, dx, ld_dx, false));
 }
 
 /* bf16 runs: linear_bwd with x already in s.in16. */
-static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, int64_t ld_dy,
-                            const float *W, int64_t T, int64_t out, int64_t in) {
+static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *dy,
+                            int64_t ld_dy, const float *W, int64_t T, int64_t out, int64_t in) {
     to_bf16_rows(m, m->s.dy16, dy, ld_dy, T, out);
-    linear_bwd_16(m, op, dx, dW, W, T, out, in);
+    linear_bwd_16(m, op, dx, ld_dx, dW, W, T, out, in);
 }
 
 /* dx = dy·W and dW = dyᵀ·x (both written: a linear layer's weight has this one gradient product
  * per step, so it need not read zeros first: the weight-gradient products 1.008-1.030x,
  * flop-weighted over qwen3-0.6b's four layer shapes in three runs of bench/wgrad_write); dx may
- * alias x (x is read first). dy's rows are ld_dy apart.*/
-static void linear_bwd(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, int64_t ld_dy,
-                       const float *x, const float *W, int64_t T, int64_t out, int64_t in) {
+ * alias x (x is read first; then ld_dx == ld_x). dy's, x's and dx's rows are ld_dy, ld_x and
+ * ld_dx apart. */
+static void linear_bwd(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *dy, int64_t ld_dy,
+                       const float *x, int64_t ld_x, const float *W, int64_t T, int64_t out, int64_t in) {
     if (m->opt.bf16) {
-        to_bf16_rows(m, m->s.in16, x, in, T, in);
-        linear_bwd_in16(m, op, dx, dW, dy, ld_dy, W, T, out, in);
+        to_bf16_rows(m, m->s.in16, x, ld_x, T, in);
+        linear_bwd_in16(m, op, dx, ld_dx, dW, dy, ld_dy, W, T, out, in);
         return;
     }
     if (wide_layer(out, in) && m->s.x_t && gemm_wide_gradients_slow(m->gemm)) {
         scratch_t *s = &m->s;
         SPAN(m, m->names.fwd[OP_TRANSPOSE], 0, {
             transpose_f32(s->dy_t, T, dy, ld_dy, T, out);
-            transpose_f32(s->x_t, T, x, in, T, in);
+            transpose_f32(s->x_t, T, x, ld_x, T, in);
             transpose_f32(s->w_t, out, W, in, out, in);
         });
         SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
              gemm_f32(m->gemm, false, true, out, in, T, s->dy_t, T, s->x_t, T, dW, in, false));
         SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
-             gemm_f32(m->gemm, false, true, T, in, out, dy, ld_dy, s->w_t, out, dx, in, false));
+             gemm_f32(m->gemm, false, true, T, in, out, dy, ld_dy, s->w_t, out, dx, ld_dx, false));
         return;
     }
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
-         gemm_f32(m->gemm, true, false, out, in, T, dy, ld_dy, x, in, dW, in, false));
+         gemm_f32(m->gemm, true, false, out, in, T, dy, ld_dy, x, ld_x, dW, in, false));
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
-         gemm_f32(m->gemm, false, false, T, in, out, dy, ld_dy, W, in, dx, in, false));
+         gemm_f32(m->gemm, false, false, T, in, out, dy, ld_dy, W, in, dx, ld_dx, false));
 }
 
 /* A layer norm of x [T, D] for a matmul's input: fp32 into s.ln, or in bf16 runs straight into
@@ -472,9 +486,9 @@ static void layer_norm_for_matmul(qwen3_model_t *m, int op, float *rstd, const f
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S;
     if (m->opt.bf16)
-        SPAN(m, m->names.fwd[op], 0, rmsnorm_forward_bf16(m->s.in16, ld16(m, d->D), rstd, x, d->D, w, T, 1, d->D, (float)d->eps));
+        SPAN(m, m->names.fwd[op], 0, rmsnorm_forward_bf16(m->s.in16, ld16(m, d->D), rstd, x, m->ld_d, w, T, 1, d->D, (float)d->eps));
     else
-        SPAN(m, m->names.fwd[op], 0, rmsnorm_forward(m->s.ln, d->D, rstd, x, d->D, w, T, 1, d->D, (float)d->eps));
+        SPAN(m, m->names.fwd[op], 0, rmsnorm_forward(m->s.ln, m->ld_d, rstd, x, m->ld_d, w, T, 1, d->D, (float)d->eps));
 }
 
 /* h = swiglu(gate_up) for the down projection: fp32 into s.h, or bf16 into s.in16. */
@@ -484,19 +498,20 @@ static void swiglu_for_matmul(qwen3_model_t *m, const float *gate_up) {
     if (m->opt.bf16)
         SPAN(m, m->names.fwd[OP_SWIGLU], 0,
              swiglu_forward_bf16(m->s.in16, ld16(m, d->F), gate_up, m->ld_gate_up, T, d->F));
-    else SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(m->s.h, gate_up, m->ld_gate_up, T, d->F));
+    else SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(m->s.h, m->ld_f, gate_up, m->ld_gate_up, T, d->F));
 }
 
 /* The matmul input a *_for_matmul producer left: y (= or +=) x·Wᵀ, and its backward. */
-static void linear_fwd_produced(qwen3_model_t *m, int op, float *y, int64_t ld_y, const float *x_f32, const float *W,
-                                int64_t T, int64_t out, int64_t in, bool accumulate) {
+static void linear_fwd_produced(qwen3_model_t *m, int op, float *y, int64_t ld_y, const float *x_f32, int64_t ld_x,
+                                const float *W, int64_t T, int64_t out, int64_t in, bool accumulate) {
     if (m->opt.bf16) linear_fwd_in16(m, op, y, ld_y, W, T, out, in, accumulate);
-    else linear_fwd(m, op, y, ld_y, x_f32, W, T, out, in, accumulate);
+    else linear_fwd(m, op, y, ld_y, x_f32, ld_x, W, T, out, in, accumulate);
 }
-static void linear_bwd_produced(qwen3_model_t *m, int op, float *dx, float *dW, const float *dy, int64_t ld_dy,
-                                const float *x_f32, const float *W, int64_t T, int64_t out, int64_t in) {
-    if (m->opt.bf16) linear_bwd_in16(m, op, dx, dW, dy, ld_dy, W, T, out, in);
-    else linear_bwd(m, op, dx, dW, dy, ld_dy, x_f32, W, T, out, in);
+static void linear_bwd_produced(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *dy,
+                                int64_t ld_dy, const float *x_f32, int64_t ld_x, const float *W, int64_t T,
+                                int64_t out, int64_t in) {
+    if (m->opt.bf16) linear_bwd_in16(m, op, dx, ld_dx, dW, dy, ld_dy, W, T, out, in);
+    else linear_bwd(m, op, dx, ld_dx, dW, dy, ld_dy, x_f32, ld_x, W, T, out, in);
 }
 
 static attn_shape_t attn_shape(const qwen3_dims_t *d) { return (attn_shape_t){.B = d->B, .S = d->S, .H = d->H, .KV = d->KV, .HD = d->HD}; }
@@ -506,7 +521,10 @@ static double attention_flops(const qwen3_dims_t *d, double passes) {
     return passes * 2.0 * 2.0 * (double)d->B * (double)d->S * (double)d->S * (double)d->H * (double)d->HD / 2.0;
 }
 
-static void copy_rows(qwen3_model_t *m, float *dst, const float *src, int64_t n) {
+/* dst = src, two [T, D] residual-stream buffers at the same stride ld_d: one copy of all T·ld_d
+ * floats (padding included, which nothing reads). */
+static void copy_residual(qwen3_model_t *m, float *dst, const float *src) {
+    int64_t n = m->d.B * m->d.S * m->ld_d;
     SPAN(m, m->names.fwd[OP_RESIDUAL], 0, memcpy(dst, src, (size_t)n * sizeof(float)));
 }
 
@@ -531,7 +549,7 @@ static void attention_inputs(qwen3_model_t *m, const qwen3_layer_params_t *w, la
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD;
     layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
-    linear_fwd_produced(m, OP_QKV, a->qkv, m->ld_qkv, m->s.ln, w->q_proj, T, QKV, d->D, false);
+    linear_fwd_produced(m, OP_QKV, a->qkv, m->ld_qkv, m->s.ln, m->ld_d, w->q_proj, T, QKV, d->D, false);
     qk_from_qkv(m, w, a);
 }
 
@@ -539,24 +557,24 @@ static void layer_forward(qwen3_model_t *m, int64_t l, const float *x, float *x_
     const qwen3_dims_t *d = &m->d;
     const qwen3_layer_params_t *w = &m->w.layers[l];
     layer_acts_t *a = acts_of(m, l);
-    int64_t T = d->B * d->S, ld_qkv = m->ld_qkv, QK = (d->H + d->KV) * d->HD;
+    int64_t T = d->B * d->S, ld_qkv = m->ld_qkv, QK = (d->H + d->KV) * d->HD, ld_d = m->ld_d;
     attn_shape_t as = attn_shape(d);
     attention_inputs(m, w, a, x);
     if (m->opt.bf16)
         SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
-             attention_forward_bf16(a->attn, d->H * d->HD, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
+             attention_forward_bf16(a->attn, m->ld_hhd, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
                                     a->qkv + (d->H + d->KV) * d->HD, ld_qkv, &as, m->s.attention, m->thread_gemm));
     else
         SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
-             attention_forward(a->attn, d->H * d->HD, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
+             attention_forward(a->attn, m->ld_hhd, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
                                a->qkv + (d->H + d->KV) * d->HD, ld_qkv, &as, m->s.attention, m->thread_gemm));
-    copy_rows(m, a->x2, x, T * d->D);
-    linear_fwd(m, OP_O_PROJ, a->x2, d->D, a->attn, w->o_proj, T, d->D, d->H * d->HD, true);
+    copy_residual(m, a->x2, x);
+    linear_fwd(m, OP_O_PROJ, a->x2, ld_d, a->attn, m->ld_hhd, w->o_proj, T, d->D, d->H * d->HD, true);
     layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
-    linear_fwd_produced(m, OP_GATE_UP, a->gate_up, m->ld_gate_up, m->s.ln, w->gate_proj, T, 2 * d->F, d->D, false);
+    linear_fwd_produced(m, OP_GATE_UP, a->gate_up, m->ld_gate_up, m->s.ln, ld_d, w->gate_proj, T, 2 * d->F, d->D, false);
     swiglu_for_matmul(m, a->gate_up);
-    copy_rows(m, x_out, a->x2, T * d->D);
-    linear_fwd_produced(m, OP_DOWN, x_out, d->D, m->s.h, w->down_proj, T, d->D, d->F, true);
+    copy_residual(m, x_out, a->x2);
+    linear_fwd_produced(m, OP_DOWN, x_out, ld_d, m->s.h, m->ld_f, w->down_proj, T, d->D, d->F, true);
 }
 
 /* On entry s.dres holds dL/d(layer output); on exit dL/d(layer input). */
@@ -567,32 +585,35 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     layer_acts_t *a = acts_of(m, l);
     scratch_t *s = &m->s;
     int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, ld_qkv = m->ld_qkv, QK = (d->H + d->KV) * d->HD, HHD = d->H * d->HD;
+    int64_t ld_d = m->ld_d, ld_hhd = m->ld_hhd, ld_f = m->ld_f;
     attn_shape_t as = attn_shape(d);
     /* MLP: recompute the swiglu output and the normed input rather than saving them, each just
      * before the weight gradient that reads it (in bf16 runs both land in s.in16). */
     swiglu_for_matmul(m, a->gate_up);
-    linear_bwd_produced(m, OP_DOWN, s->h, dw->down_proj, s->dres, d->D, s->h, w->down_proj, T, d->D, d->F);
+    linear_bwd_produced(m, OP_DOWN, s->h, ld_f, dw->down_proj, s->dres, ld_d, s->h, ld_f, w->down_proj, T, d->D, d->F);
     if (m->opt.bf16) /* dgate_up goes straight to the products' bf16 dy */
-        SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward_bf16(s->dy16, ld16(m, 2 * d->F), s->h, a->gate_up, m->ld_gate_up, T, d->F));
+        SPAN(m, m->names.bwd[OP_SWIGLU], 0,
+             swiglu_backward_bf16(s->dy16, ld16(m, 2 * d->F), s->h, ld_f, a->gate_up, m->ld_gate_up, T, d->F));
     else
-        SPAN(m, m->names.bwd[OP_SWIGLU], 0, swiglu_backward(s->dgate_up, m->ld_gate_up, s->h, a->gate_up, m->ld_gate_up, T, d->F));
+        SPAN(m, m->names.bwd[OP_SWIGLU], 0,
+             swiglu_backward(s->dgate_up, m->ld_gate_up, s->h, ld_f, a->gate_up, m->ld_gate_up, T, d->F));
     layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
-    if (m->opt.bf16) linear_bwd_16(m, OP_GATE_UP, s->dln, dw->gate_proj, w->gate_proj, T, 2 * d->F, d->D);
+    if (m->opt.bf16) linear_bwd_16(m, OP_GATE_UP, s->dln, ld_d, dw->gate_proj, w->gate_proj, T, 2 * d->F, d->D);
     else
-        linear_bwd(m, OP_GATE_UP, s->dln, dw->gate_proj, s->dgate_up, m->ld_gate_up, s->ln, w->gate_proj, T, 2 * d->F,
-                   d->D);
-    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->post_norm, s->dln, d->D, a->x2, d->D, w->post_norm, a->rstd2, T, 1, d->D));
+        linear_bwd(m, OP_GATE_UP, s->dln, ld_d, dw->gate_proj, s->dgate_up, m->ld_gate_up, s->ln, ld_d, w->gate_proj, T,
+                   2 * d->F, d->D);
+    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, ld_d, true, dw->post_norm, s->dln, ld_d, a->x2, ld_d, w->post_norm, a->rstd2, T, 1, d->D));
     /* Attention. */
-    linear_bwd(m, OP_O_PROJ, s->dattn, dw->o_proj, s->dres, d->D, a->attn, w->o_proj, T, d->D, HHD);
+    linear_bwd(m, OP_O_PROJ, s->dattn, ld_hhd, dw->o_proj, s->dres, ld_d, a->attn, ld_hhd, w->o_proj, T, d->D, HHD);
     if (m->opt.remat == QWEN3_REMAT_MINIMAL) qk_from_qkv(m, w, a); /* the shared buffer holds another layer's */
     if (m->opt.bf16)
         SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
-             attention_backward_bf16(s->dqkv, ld_qkv, s->dqkv + HHD, ld_qkv, s->dqkv + QK, ld_qkv, s->dattn, HHD, a->attn, HHD,
+             attention_backward_bf16(s->dqkv, ld_qkv, s->dqkv + HHD, ld_qkv, s->dqkv + QK, ld_qkv, s->dattn, ld_hhd, a->attn, ld_hhd,
                                      a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, ld_qkv, &as, s->attention,
                                      m->thread_gemm));
     else
         SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
-             attention_backward(s->dqkv, ld_qkv, s->dqkv + HHD, ld_qkv, s->dqkv + QK, ld_qkv, s->dattn, HHD, a->attn, HHD,
+             attention_backward(s->dqkv, ld_qkv, s->dqkv + HHD, ld_qkv, s->dqkv + QK, ld_qkv, s->dattn, ld_hhd, a->attn, ld_hhd,
                                 a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, ld_qkv, &as, s->attention,
                                 m->thread_gemm));
     SPAN(m, m->names.bwd[OP_ROPE], 0, rope_backward(s->dqkv, ld_qkv, s->rope_cos, s->rope_sin, d->B, d->S, d->H + d->KV, d->HD));
@@ -604,8 +625,8 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
         });
     }
     layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
-    linear_bwd_produced(m, OP_QKV, s->dln, dw->q_proj, s->dqkv, m->ld_qkv, s->ln, w->q_proj, T, QKV, d->D);
-    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, d->D, true, dw->input_norm, s->dln, d->D, x, d->D, w->input_norm, a->rstd1, T, 1, d->D));
+    linear_bwd_produced(m, OP_QKV, s->dln, ld_d, dw->q_proj, s->dqkv, m->ld_qkv, s->ln, ld_d, w->q_proj, T, QKV, d->D);
+    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, ld_d, true, dw->input_norm, s->dln, ld_d, x, ld_d, w->input_norm, a->rstd1, T, 1, d->D));
 }
 
 /* Final norm, then the LM head and cross-entropy chunk by chunk: each chunk's logits become
@@ -625,14 +646,14 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
             int64_t t = t0 + i;
             s->targets[i] = m->tokens[(t / d->S) * (d->S + 1) + t % d->S + 1];
         }
-        const float *h = s->ln + t0 * d->D;
+        const float *h = s->ln + t0 * m->ld_d;
         const bf16_t *h16 = s->in16 + t0 * ld16(m, d->D);
         if (m->opt.bf16) {
             SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
                  gemm_bf16(m->gemm, false, true, n, d->V, d->D, h16, ld16(m, d->D), weight16(m, m->w.lm_head), d->D, s->logits, d->V, false));
         } else {
             SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
-                 gemm_f32(m->gemm, false, true, n, d->V, d->D, h, d->D, m->w.lm_head, d->D, s->logits, d->V, false));
+                 gemm_f32(m->gemm, false, true, n, d->V, d->D, h, m->ld_d, m->w.lm_head, d->D, s->logits, d->V, false));
         }
         SPAN(m, m->names.fwd[OP_XENT], 0,
              xent_forward_backward(s->logits, s->row_loss, s->row_lse, s->targets, n, d->V, grad_scale, m->opt.z_loss));
@@ -643,17 +664,17 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
             SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
                  gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, ld16(m, d->D), m->dw.lm_head, d->D, t0 > 0));
             SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
-                 gemm_bf16(m->gemm, false, false, n, d->D, d->V, s->dy16, d->V, weight16(m, m->w.lm_head), d->D, s->dln + t0 * d->D, d->D, false));
+                 gemm_bf16(m->gemm, false, false, n, d->D, d->V, s->dy16, d->V, weight16(m, m->w.lm_head), d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
             continue;
         }
         SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
-             gemm_f32(m->gemm, true, false, d->V, d->D, n, s->logits, d->V, h, d->D, m->dw.lm_head, d->D, t0 > 0));
+             gemm_f32(m->gemm, true, false, d->V, d->D, n, s->logits, d->V, h, m->ld_d, m->dw.lm_head, d->D, t0 > 0));
         SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
-             gemm_f32(m->gemm, false, false, n, d->D, d->V, s->logits, d->V, m->w.lm_head, d->D, s->dln + t0 * d->D, d->D, false));
+             gemm_f32(m->gemm, false, false, n, d->D, d->V, s->logits, d->V, m->w.lm_head, d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
     }
     if (with_grad)
         SPAN(m, m->names.bwd[OP_FINAL_NORM], 0,
-             rmsnorm_backward(s->dres, d->D, false, m->dw.final_norm, s->dln, d->D, x, d->D, m->w.final_norm, s->rstd_final, T, 1, d->D));
+             rmsnorm_backward(s->dres, m->ld_d, false, m->dw.final_norm, s->dln, m->ld_d, x, m->ld_d, m->w.final_norm, s->rstd_final, T, 1, d->D));
     return loss_sum / (double)T;
 }
 
@@ -661,7 +682,7 @@ static double forward(qwen3_model_t *m, const int32_t *tokens, bool with_grad) {
     const qwen3_dims_t *d = &m->d;
     m->tokens = tokens;
     int64_t span = trace_begin(m->trace);
-    SPAN(m, m->names.fwd[OP_EMBED], 0, embed_forward(layer_input(m, 0), tokens, d->S + 1, m->w.embed, d->B, d->S, d->D));
+    SPAN(m, m->names.fwd[OP_EMBED], 0, embed_forward(layer_input(m, 0), m->ld_d, tokens, d->S + 1, m->w.embed, d->B, d->S, d->D));
     for (int64_t l = 0; l < d->L; l++)
         SPAN(m, m->names.layer_fwd[l], 0, layer_forward(m, l, layer_input(m, l), layer_input(m, l + 1)));
     double loss = head_forward_backward(m, with_grad);
@@ -704,7 +725,7 @@ double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens) {
         });
         grads_ready(m, m->dw.layers[l].input_norm, l + 1 < d->L ? m->dw.layers[l + 1].input_norm : m->dw.final_norm);
     }
-    SPAN(m, m->names.bwd[OP_EMBED], 0, embed_backward(m->dw.embed, m->s.dres, tokens, d->S + 1, d->B, d->S, d->D));
+    SPAN(m, m->names.bwd[OP_EMBED], 0, embed_backward(m->dw.embed, m->s.dres, m->ld_d, tokens, d->S + 1, d->B, d->S, d->D));
     grads_ready(m, m->dw.embed, m->dw.embed + d->V * d->D);
     trace_end(m->trace, 0, m->names.backward, span, 0);
     return loss;

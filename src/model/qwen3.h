@@ -99,16 +99,23 @@ int64_t qwen3_scratch_floats(const qwen3_dims_t *d, int num_threads, int64_t xen
  * 16 slowed MKL's bf16 (AMX) products (bench/gemm_shapes prints the head GEMMs at a chosen chunk). */
 int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d);
 
-/* The row stride an activation `cols` wide may take (the q/k/v and gate/up activations and their
- * gradients in fp32 on oneDNN's gemm driver): cols, 64 bytes wider where it is a multiple of
- * 2 KiB. Buffers are sized for it on every CPU; see qwen3.c. */
+/* The row stride an activation `cols` wide takes where the model pads its rows: cols + 16 (64
+ * bytes wider, off the 2 KiB multiples that every qwen3 width is). Every activation buffer is
+ * sized for it on every CPU, so the plan does not depend on the layout; see qwen3.c. */
 int64_t qwen3_padded_width(int64_t cols);
+
+/* The activations' row layout (row_padding): AUTO pads every activation and activation gradient
+ * (qwen3_padded_width) in fp32 where the gemm library runs faster so (gemm_prefers_padded_rows:
+ * oneDNN's gemm driver, AVX2), and keeps them dense elsewhere and in bf16 runs; DENSE and PADDED
+ * choose, for tests and side-by-side benchmarks. The weights and their gradients stay dense. */
+typedef enum { QWEN3_ROWS_AUTO, QWEN3_ROWS_DENSE, QWEN3_ROWS_PADDED } qwen3_rows_t;
 
 typedef struct qwen3_model qwen3_model_t;
 
 typedef struct qwen3_options {
     int num_threads;
     qwen3_remat_t remat;
+    qwen3_rows_t rows;
     int64_t xent_chunk;
     float z_loss;
     bool bf16;      /* matmuls take bf16 inputs (fp32 accumulation); see qwen3_create */
@@ -134,6 +141,9 @@ void qwen3_destroy(qwen3_model_t *m);
 /* Where attention's block products run, in words for the log: AMX tiles (bf16 where the CPU
  * has them), the matmul library, or our micro-GEMM (fp32; AVX-512 or AVX2). */
 const char *qwen3_attention_blocks(const qwen3_model_t *m);
+
+/* Whether the activations' rows run padded (qwen3_rows_t), for the log. */
+bool qwen3_rows_padded(const qwen3_model_t *m);
 
 /* Forward, mean cross-entropy over the B·S targets, and backward: the matmul weights'
  * gradients are written by their first product of the step; the norm weights' gradients and an

@@ -55,8 +55,9 @@ static double plan_floats_upper_bound(const qwen3_dims_t *d, int num_threads) {
     double B = (double)d->B, S = (double)d->S, D = (double)d->D, F = (double)d->F, L = (double)d->L;
     double H = (double)d->H, KV = (double)d->KV, HD = (double)d->HD, V = (double)d->V, T = B * S;
     double params = 2.0 * V * D + L * (2.0 * D + 2.0 * (H + KV) * HD * D + 3.0 * D * F + 2.0 * HD) + D;
-    double layer = T * (4.0 * D + 3.0 * F + 4.0 * (H + KV) * HD + H + KV + 2.0) + B * H * S;
-    double scratch = T * (5.0 * D + 3.0 * F + 3.0 * (H + KV) * HD + V + 4.0) + S * HD + 3.0 * B * KV * HD * S +
+    /* + 16 floats a row for each activation's padded stride (qwen3_padded_width): 128 covers them. */
+    double layer = T * (4.0 * D + 3.0 * F + 4.0 * (H + KV) * HD + H + KV + 2.0 + 128.0) + B * H * S;
+    double scratch = T * (5.0 * D + 3.0 * F + 3.0 * (H + KV) * HD + V + 4.0 + 128.0) + S * HD + 3.0 * B * KV * HD * S +
                      (double)num_threads * 4.0 * ATTN_QBLOCK_BF16 * (S + HD);
     return 5.0 * params + (L + 1.0) * (layer + T * D) + scratch;
 }
@@ -81,6 +82,9 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->remat = !strcmp(cfg->remat_policy, "full")      ? QWEN3_REMAT_FULL
                : !strcmp(cfg->remat_policy, "minimal") ? QWEN3_REMAT_MINIMAL
                                                        : QWEN3_REMAT_NONE;
+    p->rows = !strcmp(cfg->row_padding, "dense")    ? QWEN3_ROWS_DENSE
+              : !strcmp(cfg->row_padding, "padded") ? QWEN3_ROWS_PADDED
+                                                    : QWEN3_ROWS_AUTO;
     p->bf16 = cfg->dtype == DTYPE_BFLOAT16;
     p->xent_chunk = cfg->xent_chunk_tokens > 0 ? cfg->xent_chunk_tokens : qwen3_default_xent_chunk(d);
     if (p->xent_chunk > d->B * d->S) p->xent_chunk = d->B * d->S;

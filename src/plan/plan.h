@@ -20,6 +20,7 @@ typedef struct plan {
     int64_t shard_params;      /* parameters whose AdamW state this rank keeps (the largest shard) */
     int ranks_per_host;        /* ranks sharing this machine's memory (1 unless the caller sets it) */
     qwen3_remat_t remat;
+    qwen3_rows_t rows;         /* row_padding */
     bool bf16;                 /* dtype=bfloat16: bf16 matmul inputs, fp32 everything else */
     int64_t xent_chunk;
     int64_t num_params;

@@ -324,6 +324,8 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         printf("matmul library: %s\n", gemm_library_detail(l.state.gemm));
         if (plan->bf16) printf("bf16 matmuls: %s\n", gemm_bf16_detail(l.state.gemm));
         printf("attention block products: %s\n", qwen3_attention_blocks(l.state.model));
+        printf("activation rows: %s (row_padding=%s)\n",
+               qwen3_rows_padded(l.state.model) ? "padded, 64 bytes wider than their width" : "dense", cfg->row_padding);
     }
     if (rc == LOOP_OK) rc = interrupted_in_setup(err, errlen);
     if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0)))

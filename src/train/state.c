@@ -48,7 +48,7 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         qwen3_init_params(s->params, d, (uint64_t)cfg->init_weights_seed);
     }
     if (s->params_bf16) bf16_from_f32_array(s->params_bf16, s->params, n);
-    qwen3_options_t opt = {.num_threads = plan->num_threads, .remat = plan->remat,
+    qwen3_options_t opt = {.num_threads = plan->num_threads, .remat = plan->remat, .rows = plan->rows,
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
                            .bf16 = plan->bf16, .gemm_library = lib, .trace = trace};
     if (par && comm_size(par->world) > 1) {
