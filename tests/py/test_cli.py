@@ -592,6 +592,48 @@ def test_thread_count_does_not_change_results_at_real_width(tmp_path):
     assert_same_bits(tmp_path, "w1", "w2")
 
 
+def test_row_padding_layouts(tmp_path):
+    """row_padding picks the activations' row strides, not the maths or the plan: dense and
+    padded train the tiny model to the same losses within fp32 summation-order noise (a library
+    may order a product's sums by stride; three steps keep that far under 1e-5 of a loss near
+    5), the plan is the same for all three values, the console names the layout that ran, and
+    auto runs one of the two, bit for bit."""
+    plans = {}
+    for rows in ("dense", "padded", "auto"):
+        r = train(tmp_path, "steps=3", f"row_padding={rows}", run_name=rows)
+        m = re.search(r"^activation rows: (dense|padded)[^\n]*\(row_padding=(\w+)\)$", r.stdout, re.M)
+        assert m and m.group(2) == rows, r.stdout
+        assert rows == "auto" or m.group(1) == rows, r.stdout
+        d = stepscope(tmp_path, *FAST, f"row_padding={rows}", "--dry-run")
+        assert d.returncode == 0, d.stderr
+        plans[rows] = parse_plan(d.stdout)["memory_total_bytes"]
+    assert plans["dense"] == plans["padded"] == plans["auto"]
+    raw = {rows: raw_losses(read_metrics(tmp_path, rows)[1]) for rows in ("dense", "padded", "auto")}
+    for a, b in zip(map(float, raw["dense"]), map(float, raw["padded"])):
+        assert abs(a - b) <= 1e-5 * abs(a), (a, b)
+    assert raw["auto"] in (raw["dense"], raw["padded"])
+
+
+def test_step_ab_bench(tmp_path):
+    """build/bench/step_ab alternates two configurations' steps in one process: it prints every
+    round, the medians, and the last losses, which a layout-only difference leaves equal to
+    fp32 noise."""
+    tool = BIN.parent / "bench" / "step_ab"
+    if not tool.exists():
+        pytest.skip(f"{tool} not built (make bench)")
+    r = subprocess.run([str(tool), "3", "2", "row_padding=dense", "row_padding=padded", "model_name=tiny"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(re.findall(r"^\s+\d+\s+(AB|BA)\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+$", r.stdout, re.M)) == 3, r.stdout
+    assert re.search(r"^median step: A \d+\.\d+ s, B \d+\.\d+ s; A/B per round: median \d+\.\d+", r.stdout, re.M)
+    m = re.search(r"^last losses: A (\S+), B (\S+)$", r.stdout, re.M)
+    assert m, r.stdout
+    a, b = float(m.group(1)), float(m.group(2))
+    assert abs(a - b) <= 1e-5 * abs(a), (a, b)
+    bad = subprocess.run([str(tool), "0", "2", "", ""], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "ROUNDS" in bad.stderr
+
+
 # ---- 5. the loss of step N is read only after step N+1 has started ----------------------------
 
 def test_loss_read_one_step_late(tmp_path):
