@@ -39,9 +39,12 @@ typedef struct layer_acts {
  * 2 KiB apart (every qwen3 width) ran slower: on 2 Zen 3 cores, padding the q/k/v and gate/up
  * activations ran those products' forward (C = y) 1.00-1.10x and weight gradient (A = dyᵀ)
  * 1.02-1.13x faster, and in profiled steps their matmuls 1.041x relative to the others (median
- * of seven pairs); padding every activation ran the layer's twelve forms 1.021-1.069x dense,
- * against 0.997-1.038x for the q/k/v and gate/up ones alone (bench/row_strides, alternated call
- * by call). Widths off 2 KiB multiples are padded too: one rule, and rows stay 64-byte aligned.
+ * of seven pairs); padding every activation ran the layer's twelve forms 1.029-1.048x dense,
+ * against 1.003-1.028x for the q/k/v and gate/up ones alone (four runs of bench/row_strides,
+ * alternated call by call), and whole 8-layer qwen3-0.6b steps 1.034x dense and 1.024x the
+ * q/k/v and gate/up ones alone (medians of 10 and 12 rounds alternated step by step in one
+ * process: bench/step_ab). Widths off 2 KiB multiples are padded too (unmeasured there): one
+ * rule, and rows stay 64-byte aligned.
  * Buffers are always sized for it, so the plan does not depend on the CPU or on row_padding;
  * qwen3_create picks the strides a run uses. */
 int64_t qwen3_padded_width(int64_t cols) { return cols + 16; }
