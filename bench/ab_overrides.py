@@ -40,15 +40,15 @@ def kernel_totals(run_dir):
     lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
     compute = next((tid for tid, name in lanes.items() if name.startswith("compute")), None)
     spans = [e for e in events if e.get("ph") == "X" and e["tid"] == compute]
-    containers = {"train", "forward", "backward", "optimizer"}
+    # The op summary's containers (profile/summary.h): the step, its phases and layers.
+    containers = {"step", "phase", "layer", "other"}
     totals = collections.defaultdict(float)
     step_ms = 0.0
     for e in spans:
-        name = e["name"].split(" [")[0]
-        if name == "train":
+        if e["cat"] == "step":
             step_ms += e["dur"] / 1e3
-        elif name not in containers and not name.startswith("layer "):
-            totals[name] += e["dur"] / 1e3
+        elif e["cat"] not in containers:
+            totals[e["name"].split(" [")[0]] += e["dur"] / 1e3
     return dict(totals), step_ms
 
 
@@ -123,7 +123,7 @@ def main():
                      f"{statistics.median(rs):.3f}", " ".join(f"{x:.3f}" for x in rs), norm])
     headers = ["span", "A ms (median)", "A/B (median)", "A/B per round", "over control (median)" if ctrl else ""]
     print(benchlib.table(headers, rows))
-    probes = [[p for p in x["probes"]] for pair in rounds for x in pair]
+    probes = [x["probes"] for pair in rounds for x in pair]
     print("FMA probe/peak around each run (A0 B0 A1 B1 ...): " +
           " | ".join(" ".join(f"{p:.2f}" for p in ps) for ps in probes))
     print("others' CPU (cores) per run: " + " ".join(f"{x['others']:.2f}" for pair in rounds for x in pair))

@@ -1,11 +1,19 @@
-/* benchutil: what the C benchmarks share: sorting timings for medians and quartiles, and
- * deterministic inputs (the kernels' speed does not depend on the values, only on them being
+/* benchutil: what the C benchmarks share: a monotonic clock, sorting timings for medians and
+ * quartiles, and deterministic inputs (the kernels' speed does not depend on the values, only on them being
  * ordinary finite floats). */
 #ifndef STEPSCOPE_BENCHUTIL_H
 #define STEPSCOPE_BENCHUTIL_H
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
+
+/* Seconds on the monotonic clock, for intervals. */
+static inline double bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* qsort's comparison for doubles, ascending. */
 static inline int bench_cmp_double(const void *a, const void *b) {

@@ -13,18 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "kernels/gemm.h"
 #include "kernels/bf16.h"
 #include "model/qwen3.h"
 #include "benchutil.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 static float *filled(int64_t n) {
     float *p = aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
@@ -90,7 +83,7 @@ int main(int argc, char **argv) {
                     if (!on[k]) continue;
                     gemm_ctx_t *c = ctx[k];
                     bool bf = k >= 2;
-                    double t0 = now();
+                    double t0 = bench_now();
                     switch (f) {
                     case 0:
                         if (bf) gemm_bf16(c, false, true, t, out, in, x16, in, W16, in, y, out, false);
@@ -105,7 +98,7 @@ int main(int argc, char **argv) {
                         else gemm_f32(c, false, false, t, in, out, dy, out, W, in, dx, in, false);
                         break;
                     }
-                    if (r >= 0) ts[k][f][r] = now() - t0;
+                    if (r >= 0) ts[k][f][r] = bench_now() - t0;
                 }
         double flop = 2.0 * (double)t * (double)out * (double)in;
         for (int f = 0; f < 3; f++) {

@@ -11,19 +11,12 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "benchutil.h"
 #include "kernels/gemm.h"
 #include "model/qwen3.h"
 
 enum { VARIANTS = 3, FORMS = 3, MAX_REPS = 64 };
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 static float *filled(int64_t n, unsigned seed) {
     float *p = bench_filled_aligned(n, seed);
@@ -79,11 +72,11 @@ int main(int argc, char **argv) {
         for (int r = -1; r < reps; r++) /* r = -1 warms each shape up, untimed */
             for (int v = 0; v < VARIANTS; v++)
                 for (int f = 0; f < FORMS; f++) {
-                    double t0 = now();
+                    double t0 = bench_now();
                     if (f == 0) gemm_f32(g, false, true, T, out, in, x[v], ldx[v], W, in, y[v], ldy[v], false);
                     if (f == 1) gemm_f32(g, true, false, out, in, T, dy[v], ldy[v], x[v], ldx[v], dW, in, false);
                     if (f == 2) gemm_f32(g, false, false, T, in, out, dy[v], ldy[v], W, in, dx[v], ldx[v], false);
-                    if (r >= 0) ts[v][f][r] = now() - t0;
+                    if (r >= 0) ts[v][f][r] = bench_now() - t0;
                 }
         double flop = 2.0 * (double)T * (double)out * (double)in;
         for (int f = 0; f < FORMS; f++) {

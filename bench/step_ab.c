@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "benchutil.h"
 #include "config/config.h"
@@ -23,12 +22,6 @@
 #include "util/rng.h"
 
 enum { MAX_ROUNDS = 64, MAX_OVERRIDES = 64 };
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 /* Splits `own` (space-separated key=value) after the shared overrides into argv; returns the
  * count. The strings point into `buf`, which must outlive them. */
@@ -92,9 +85,9 @@ int main(int argc, char **argv) {
     for (int k = 0; k < rounds; k++) {
         for (int i = 0; i < 2; i++) {
             int side = (k % 2 == 0) ? i : 1 - i;
-            double t0 = now();
+            double t0 = bench_now();
             train_step(&s[side], tokens, &r[side]);
-            t[side][k] = now() - t0;
+            t[side][k] = bench_now() - t0;
         }
         ratio[k] = t[0][k] / t[1][k];
         printf("%5d  %s     %7.3f  %7.3f  %.3f\n", k, k % 2 == 0 ? "AB" : "BA", t[0][k], t[1][k], ratio[k]);

@@ -49,6 +49,9 @@ typedef struct layer_acts {
  * qwen3_create picks the strides a run uses. */
 int64_t qwen3_padded_width(int64_t cols) { return cols + 16; }
 
+/* The stride a run gives an activation `cols` wide: padded, or dense. */
+static int64_t row_stride(bool pad, int64_t cols) { return pad ? qwen3_padded_width(cols) : cols; }
+
 /* Consecutive buffers out of one region; with base NULL it only counts, so each bind function
  * below both sizes its part of the plan and lays it out. */
 typedef struct carver {
@@ -361,12 +364,11 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
      * with their own strides, ld16). */
     bool pad = opt->rows == QWEN3_ROWS_PADDED ||
                (opt->rows == QWEN3_ROWS_AUTO && !opt->bf16 && gemm_prefers_padded_rows(gemm));
-    int64_t QKV = (d->H + 2 * d->KV) * d->HD;
-    m->ld_d = pad ? qwen3_padded_width(d->D) : d->D;
-    m->ld_hhd = pad ? qwen3_padded_width(d->H * d->HD) : d->H * d->HD;
-    m->ld_f = pad ? qwen3_padded_width(d->F) : d->F;
-    m->ld_qkv = pad ? qwen3_padded_width(QKV) : QKV;
-    m->ld_gate_up = pad ? qwen3_padded_width(2 * d->F) : 2 * d->F;
+    m->ld_d = row_stride(pad, d->D);
+    m->ld_hhd = row_stride(pad, d->H * d->HD);
+    m->ld_f = row_stride(pad, d->F);
+    m->ld_qkv = row_stride(pad, (d->H + 2 * d->KV) * d->HD);
+    m->ld_gate_up = row_stride(pad, 2 * d->F);
     m->stream = acts;
     m->acts_base = acts + (d->L + 1) * stream_floats(d);
     scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, opt->remat, scratch);
