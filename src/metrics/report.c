@@ -10,6 +10,9 @@
 
 #include "metrics/tfevents.h"
 #include "util/atomic_file.h"
+#include "util/memstat.h"
+
+static const double GIB = 1073741824.0;
 
 struct report {
     const config_t *cfg;
@@ -180,11 +183,15 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
             "\"learning/raw_grad_norm\": %s, \"learning/current_learning_rate\": %.8g, "
             "\"learning/total_weights\": %lld, \"perf/step_time_seconds\": %.6f, \"perf/per_device_tflops\": %.6f, "
             "\"perf/per_device_tflops_per_sec\": %.6f, \"perf/per_device_tokens\": %lld, "
-            "\"perf/per_device_tokens_per_sec\": %.4f, \"perf/mfu\": %.6f, \"perf/data_wait_seconds\": %.6f}\n",
+            "\"perf/per_device_tokens_per_sec\": %.4f, \"perf/mfu\": %.6f, \"perf/data_wait_seconds\": %.6f",
             json_number(loss, sizeof loss, rec->loss), json_number(gn, sizeof gn, rec->grad_norm),
             json_number(raw_gn, sizeof raw_gn, rec->raw_grad_norm), r->cfg->learning_rate,
             (long long)r->plan.tokens_per_device * r->plan.num_ranks, rec->seconds, tflops, tflops_s,
             (long long)r->plan.tokens_per_device, tokens_s, mfu / 100.0, rec->data_wait_seconds);
+    if (rec->memory_measured)
+        fprintf(m, ", \"memory/rss_gib\": %.6f, \"memory/peak_rss_gib\": %.6f", (double)rec->rss_bytes / GIB,
+                (double)rec->peak_rss_bytes / GIB);
+    fputs("}\n", m);
     int ok = fclose(m) == 0;
     size_t done = 0;
     while (ok && done < len) {
@@ -210,11 +217,14 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
         const char *tags[] = {"learning/loss", "learning/grad_norm", "learning/raw_grad_norm",
                               "learning/current_learning_rate", "perf/step_time_seconds", "perf/per_device_tflops",
                               "perf/per_device_tflops_per_sec", "perf/per_device_tokens",
-                              "perf/per_device_tokens_per_sec", "perf/mfu", "perf/data_wait_seconds"};
+                              "perf/per_device_tokens_per_sec", "perf/mfu", "perf/data_wait_seconds",
+                              "memory/rss_gib", "memory/peak_rss_gib"};
         float values[] = {(float)rec->loss, (float)rec->grad_norm, (float)rec->raw_grad_norm, (float)r->cfg->learning_rate,
                           (float)rec->seconds, (float)tflops, (float)tflops_s, (float)tokens, (float)tokens_s,
-                          (float)(mfu / 100.0), (float)rec->data_wait_seconds};
-        if (tfevents_write_scalars(r->tb, rec->step, tfevents_wall_time(), sizeof values / sizeof values[0], tags, values) != 0) {
+                          (float)(mfu / 100.0), (float)rec->data_wait_seconds, (float)((double)rec->rss_bytes / GIB),
+                          (float)((double)rec->peak_rss_bytes / GIB)};
+        size_t n = sizeof values / sizeof values[0] - (rec->memory_measured ? 0 : 2);
+        if (tfevents_write_scalars(r->tb, rec->step, tfevents_wall_time(), n, tags, values) != 0) {
             snprintf(err, errlen, "writing TensorBoard events failed: %s", tfevents_error(r->tb));
             return 1;
         }
@@ -246,6 +256,18 @@ void report_summary(const report_t *r, FILE *out) {
     if (r->peak_tflops > 0)
         fprintf(out, "  MFU             %.2f%% of %.4f TFLOP/s\n", 100.0 * tflops_s / r->peak_tflops, r->peak_tflops);
     free(s);
+    /* Read now, so the peak covers the whole run so far, steps and set-up alike. */
+    memstat_t mem;
+    if (!memstat_read(&mem)) {
+        fprintf(out, "  memory          not measured: /proc/self/status could not be read\n");
+        return;
+    }
+    fprintf(out, "  memory          peak RSS %.3f GiB%s, %.3fx the plan's %.3f GiB", (double)mem.peak_rss_bytes / GIB,
+            r->plan.num_ranks > 1 ? " (rank 0)" : "", (double)mem.peak_rss_bytes / (double)r->plan.total_bytes,
+            (double)r->plan.total_bytes / GIB);
+    uint64_t phys = memstat_physical_bytes();
+    if (phys) fprintf(out, ", %.1f%% of %.1f GiB physical", 100.0 * (double)mem.peak_rss_bytes / (double)phys, (double)phys / GIB);
+    fputc('\n', out);
 }
 
 int report_close(report_t *r, char *err, size_t errlen) {

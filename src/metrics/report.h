@@ -16,6 +16,10 @@ typedef struct step_record {
     double loss, raw_grad_norm, grad_norm;
     double seconds;       /* completion of step − completion of the step before */
     double data_wait_seconds;
+    /* Read by the host thread when it reports the step (after the next one has started), not
+     * by the compute thread: this process's resident set then and its peak so far. */
+    bool memory_measured; /* false where /proc/self/status cannot be read: no figures reported */
+    int64_t rss_bytes, peak_rss_bytes;
 } step_record_t;
 
 typedef struct report report_t;
@@ -26,7 +30,8 @@ int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double 
                 char *err, size_t errlen);
 /* Console line, JSON line and scalars for one completed step. */
 int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen);
-/* Median, min and max step time (step 0 left out), tokens/s/device, TFLOP/s/device, MFU. */
+/* Median, min and max step time (step 0 left out), tokens/s/device, TFLOP/s/device, MFU, and
+ * the peak resident memory against the plan and the machine. */
 void report_summary(const report_t *r, FILE *out);
 /* Finish the files (rename the metrics file into place). Frees r. */
 int report_close(report_t *r, char *err, size_t errlen);

@@ -1,11 +1,11 @@
 #include "plan/plan.h"
 
 #include <string.h>
-#include <unistd.h>
 
 #include "dist/zero.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "util/memstat.h"
 
 qwen3_dims_t plan_dims(const config_t *cfg) {
     return (qwen3_dims_t){
@@ -105,15 +105,10 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     return 0;
 }
 
-static uint64_t physical_memory(void) {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-}
-
 uint64_t plan_memory_available(const plan_t *p, const config_t *cfg) {
     if (cfg->memory_limit_gib > 0) return (uint64_t)(cfg->memory_limit_gib * 1073741824.0);
     /* Leave room for the system, the libraries and the data ring: 90% of physical memory. */
-    return physical_memory() / 10 * 9 / (uint64_t)(p->ranks_per_host > 1 ? p->ranks_per_host : 1);
+    return memstat_physical_bytes() / 10 * 9 / (uint64_t)(p->ranks_per_host > 1 ? p->ranks_per_host : 1);
 }
 
 int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t errlen) {

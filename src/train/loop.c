@@ -20,6 +20,7 @@
 #include "profile/xplane.h"
 #include "train/state.h"
 #include "util/atomic_file.h"
+#include "util/memstat.h"
 #include "util/peak.h"
 
 /* The communication lane exists only with several ranks. */
@@ -326,6 +327,13 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         printf("attention block products: %s\n", qwen3_attention_blocks(l.state.model));
         printf("activation rows: %s (row_padding=%s)\n",
                qwen3_rows_padded(l.state.model) ? "padded, 64 bytes wider than their width" : "dense", cfg->row_padding);
+        /* The plan's buffers are all touched by now: what is resident beyond them is the binary,
+         * the libraries and their own allocations. */
+        memstat_t mem;
+        if (memstat_read(&mem))
+            printf("resident memory after set-up: %.3f GiB%s, %.3fx the plan's %.3f GiB\n", (double)mem.rss_bytes / 1073741824.0,
+                   multi ? " (rank 0)" : "", (double)mem.rss_bytes / (double)plan->total_bytes,
+                   (double)plan->total_bytes / 1073741824.0);
     }
     if (rc == LOOP_OK) rc = interrupted_in_setup(err, errlen);
     if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0)))
@@ -365,6 +373,9 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             step_record_t rec = l.records[next];
             log_event(&l, "read", next);
             pthread_mutex_unlock(&l.mu);
+            memstat_t mem;
+            rec.memory_measured = memstat_read(&mem);
+            rec.rss_bytes = mem.rss_bytes, rec.peak_rss_bytes = mem.peak_rss_bytes;
             if (rc == LOOP_OK && report && report_step(report, &rec, err, errlen) != 0) rc = LOOP_FAILED;
             if (rc == LOOP_OK && ((isnan(rec.loss) && cfg->abort_on_nan_loss) || (isinf(rec.loss) && cfg->abort_on_inf_loss))) {
                 snprintf(err, errlen, "loss is %s at step %lld; the run diverged: lower learning_rate or set "

@@ -40,7 +40,7 @@ METRIC_KEYS = {
     "learning/loss", "learning/grad_norm", "learning/raw_grad_norm", "learning/current_learning_rate",
     "perf/step_time_seconds", "perf/per_device_tflops", "perf/per_device_tflops_per_sec",
     "perf/per_device_tokens", "perf/per_device_tokens_per_sec", "perf/mfu", "perf/data_wait_seconds",
-    "step", "run_name",
+    "memory/rss_gib", "memory/peak_rss_gib", "step", "run_name",
 }
 
 pytestmark = pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built (run make)")
@@ -316,6 +316,17 @@ def test_tiny_run_outputs(tmp_path):
     assert block[1].startswith("  tokens/s/device ")
     assert block[2].startswith("  TFLOP/s/device  ")
     assert block[3].startswith("  MFU             ") and f"of {PEAK:.4f} TFLOP/s" in block[3]
+    plan_gib = float(re.search(r"memory plan (\d+\.\d+) GiB", r.stdout).group(1))
+    mem = re.match(r"^  memory          peak RSS (\d+\.\d+) GiB, (\d+\.\d+)x the plan's (\d+\.\d+) GiB, "
+                   r"\d+\.\d% of \d+\.\d GiB physical$", out[i_sum + 5])
+    assert mem, out[i_sum + 5]
+    peak_gib, ratio, plan_again = (float(x) for x in mem.groups())
+    assert plan_again == pytest.approx(plan_gib, abs=1e-3)
+    # the three are printed to 3 decimals: the ratio lies within what their rounding allows
+    h = 0.0005
+    assert (peak_gib - h) / (plan_gib + h) - 0.0005 <= ratio <= (peak_gib + h) / (plan_gib - h) + 0.0005
+    setup = re.search(r"^resident memory after set-up: (\d+\.\d+) GiB, \d+\.\d+x the plan's", r.stdout, re.M)
+    assert setup and float(setup.group(1)) <= peak_gib + 0.002, r.stdout
 
     # metrics.jsonl: five records with the documented keys and consistent arithmetic
     recs, lines = read_metrics(tmp_path)
@@ -334,6 +345,15 @@ def test_tiny_run_outputs(tmp_path):
         assert rec["perf/per_device_tflops_per_sec"] == pytest.approx(tflops / t, rel=2e-3)
         assert rec["perf/mfu"] == pytest.approx(rec["perf/per_device_tflops_per_sec"] / PEAK, rel=2e-3, abs=2e-6)
         assert 0 <= rec["perf/data_wait_seconds"] <= t
+        # every planned buffer is touched before step 0, so the resident set holds at least the
+        # plan (less 2 MiB: the kernel sums its per-CPU page counts approximately); the peak is
+        # the high-water mark so far, so it holds the resident set and never falls
+        slack = 2 / 1024
+        assert rec["memory/peak_rss_gib"] >= rec["memory/rss_gib"] - slack
+        assert rec["memory/rss_gib"] >= plan_gib - 0.0005 - slack
+        assert rec["memory/peak_rss_gib"] <= peak_gib + slack
+        if i:
+            assert rec["memory/peak_rss_gib"] >= recs[i - 1]["memory/peak_rss_gib"] - slack
         # clipping at 1.0 (base.yml): grad_norm = min(raw, 1)
         raw, g = rec["learning/raw_grad_norm"], rec["learning/grad_norm"]
         assert g == pytest.approx(min(raw, 1.0), rel=1e-5)
