@@ -1,6 +1,7 @@
 /* attention: GFLOP/s of the flash-attention forward and backward kernels: fp32 with block
  * products in our micro-GEMM, fp32 with them in MKL (where it loads), bf16 with them in the
- * matmul library, and bf16 on AMX tiles in our kernel (where the CPU has AMX); interleaved
+ * matmul library, and bf16 in our packed kernel (where the CPU has AMX tiles or AVX512-BF16:
+ * what a dtype=bfloat16 step runs there); interleaved
  * round by round, at qwen3-0.6b's head shapes (H=16, KV=8, HD=128) for a list
  * of sequence lengths, median of `reps`; % of peak against the peak of each dtype.
  * FLOPs are counted as the model's op summary counts them: causal half of the S² scores,
@@ -11,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kernels/amx.h"
 #include "kernels/attention.h"
 #include "benchutil.h"
 
@@ -44,9 +44,10 @@ int main(int argc, char **argv) {
     printf("attention kernels, H=16 KV=8 HD=128, batch 1, %d threads, median of %d\n", threads, reps);
     printf("%6s %-17s %10s %9s %7s %10s %9s %7s\n", "S", "kernel", "fwd ms", "GFLOP/s", "%peak", "bwd ms", "GFLOP/s",
            "%peak");
-    static const char *kernel_names[4] = {"fp32 micro-GEMM", "fp32 MKL blocks", "bf16 library", "bf16 AMX tiles"};
-    bool have_amx = amx_available();
-    if (!have_amx) printf("bf16 on AMX tiles not measured: this CPU or build has no AMX\n");
+    static const char *kernel_names[4] = {"fp32 micro-GEMM", "fp32 MKL blocks", "bf16 library", "bf16 packed"};
+    bool have_packed = attention_bf16_packed_available();
+    if (!have_packed) printf("bf16 packed kernel not measured: this CPU or build has neither AMX nor AVX512-BF16\n");
+    else printf("bf16 packed kernel: %s\n", attention_bf16_packed_kind());
     printf("bf16 with library block products: %s\n", gemm_bf16_detail(g[0]));
     for (int si = 0; si < nseq; si++) {
         attn_shape_t a = {.B = 1, .S = seqs[si], .H = 16, .KV = 8, .HD = 128};
@@ -61,7 +62,7 @@ int main(int argc, char **argv) {
         double tf[4][64], tb[4][64];
         for (int r = -1; r < reps; r++)
             for (int kind = 0; kind < 4; kind++) { /* interleaved, so noise hits all alike */
-                if ((kind == 1 && !have_mkl) || (kind == 3 && !have_amx)) continue;
+                if ((kind == 1 && !have_mkl) || (kind == 3 && !have_packed)) continue;
                 double t0 = omp_get_wtime();
                 if (kind >= 2)
                     attention_forward_bf16(out, ldo, lse, q, QKV, k, QKV, v, QKV, &a, scratch, kind == 2 ? g : NULL);
@@ -78,7 +79,7 @@ int main(int argc, char **argv) {
             }
         double one = 2.0 * 2.0 * (double)a.B * (double)a.S * (double)a.S * (double)a.H * (double)a.HD / 2.0;
         for (int kind = 0; kind < 4; kind++) {
-            if ((kind == 1 && !have_mkl) || (kind == 3 && !have_amx)) continue;
+            if ((kind == 1 && !have_mkl) || (kind == 3 && !have_packed)) continue;
             int bf = kind >= 2;
             qsort(tf[kind], (size_t)reps, sizeof(double), bench_cmp_double);
             qsort(tb[kind], (size_t)reps, sizeof(double), bench_cmp_double);

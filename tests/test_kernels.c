@@ -29,6 +29,7 @@
 #include "kernels/attention.h"
 #include "kernels/embed.h"
 #include "kernels/bf16.h"
+#include "kernels/dpbf16.h"
 #include "kernels/gemm.h"
 #include "kernels/microgemm.h"
 #include "kernels/rmsnorm.h"
@@ -385,34 +386,28 @@ static void test_amx_gemm_bf16_vs_naive(void **state) {
     gemm_destroy(g);
 }
 
-/* amx_gemm with each packing against the naive fp32 gemm on the same bf16-rounded values
- * (exact products, fp32 sums over K ≤ 96 terms: ~1e-6, bound 1e-5 as above). B comes packed
- * from bf16 rows as Bᵀ (amx_pack_bt), as B (amx_pack_b) and from fp32 (amx_pack_b_f32), from
- * extents that are not multiples of 32 (the packs zero-pad them); the product runs over a K
- * shorter than the packed extent, and accumulates. Skipped where the CPU has no AMX. */
-static void test_amx_gemm_vs_naive(void **state) {
-    (void)state;
-    if (!amx_available()) {
-        printf("AMX tile products not tested: this CPU or build has no AMX\n");
-        skip(); /* counted as skipped, not passed: nothing was checked */
-    }
-    test_rng_t rng = {3};
-    const int64_t M = 64, N = 96, K = 64, Ksrc = 75, Nsrc = 90; /* packed from [Ksrc or Nsrc] */
+/* A packed bf16 block product (amx_gemm's contract: A bf16 row-major at row stride lda, B packed
+ * by amx.h) against the naive fp32 gemm on the same bf16-rounded values. B comes packed from bf16
+ * rows as Bᵀ (amx_pack_bt), as B (amx_pack_b) and from fp32 (amx_pack_b_f32), from extents that
+ * are not multiples of 32 (the packs zero-pad them); the product runs over a K shorter than the
+ * packed extent, written and accumulated. Each k-pair's products are exact in fp32, so only the
+ * order of fp32 additions over K = 64 terms differs (~1e-7; bound 1e-5). */
+typedef void (*packed_product_fn)(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B,
+                                  int64_t Bk, int64_t M, int64_t N, int64_t K, bool accumulate);
+static void check_packed_product(const char *name, packed_product_fn product, int64_t lda_extra, uint64_t seed) {
+    test_rng_t rng = {seed};
+    const int64_t M = 64, N = 96, K = 64, lda = K + lda_extra, Ksrc = 75, Nsrc = 90;
     const int64_t Kp = amx_round32(Ksrc), Np = amx_round32(Nsrc);
-    float *A = falloc((size_t)(M * K)), *Bf = falloc((size_t)(Ksrc * Nsrc)), *C = falloc((size_t)(M * N));
-    float *Cref = falloc((size_t)(M * N)), *Bt = falloc((size_t)(Nsrc * Ksrc));
-    bf16_t *A16 = malloc((size_t)(M * K) * 2), *B16 = malloc((size_t)(Ksrc * Nsrc) * 2);
+    float *A = calloc((size_t)(M * lda), sizeof(float)), *Bf = falloc((size_t)(Ksrc * Nsrc));
+    float *C = falloc((size_t)(M * N)), *Cref = falloc((size_t)(M * N));
+    bf16_t *A16 = calloc((size_t)(M * lda), sizeof(bf16_t)), *B16 = malloc((size_t)(Ksrc * Nsrc) * 2);
     bf16_t *Bt16 = malloc((size_t)(Nsrc * Ksrc) * 2), *packed = malloc((size_t)(Kp * Np) * 2);
-    fill_uniform(A, (size_t)(M * K), &rng, -1.0f, 1.0f);
+    for (int64_t i = 0; i < M; i++) fill_bf16_exact(A + i * lda, A16 + i * lda, K, &rng);
     fill_uniform(Bf, (size_t)(Ksrc * Nsrc), &rng, -1.0f, 1.0f);
-    bf16_from_f32_array(A16, A, M * K);
     bf16_from_f32_array(B16, Bf, Ksrc * Nsrc);
-    for (int64_t i = 0; i < M * K; i++) A[i] = bf16_to_f32(A16[i]);
     for (int64_t k = 0; k < Ksrc; k++)
         for (int64_t n = 0; n < Nsrc; n++) Bt16[n * Ksrc + k] = B16[k * Nsrc + n];
-    for (int64_t i = 0; i < Nsrc * Ksrc; i++) Bt[i] = bf16_to_f32(Bt16[i]);
-    /* the reference B: columns n ≥ Nsrc are the packs' zero padding */
-    float *Bref = calloc((size_t)(K * N), sizeof(float));
+    float *Bref = calloc((size_t)(K * N), sizeof(float)); /* columns n ≥ Nsrc: the packs' zero padding */
     for (int64_t k = 0; k < K; k++)
         for (int64_t n = 0; n < Nsrc; n++) Bref[k * N + n] = bf16_to_f32(B16[k * Nsrc + n]);
     for (int form = 0; form < 3; form++)
@@ -422,13 +417,34 @@ static void test_amx_gemm_vs_naive(void **state) {
             else amx_pack_b_f32(packed, Bf, Nsrc, Ksrc, Nsrc);
             fill_uniform(C, (size_t)(M * N), &rng, -1.0f, 1.0f);
             memcpy(Cref, C, (size_t)(M * N) * sizeof(float));
-            amx_gemm(C, N, A16, K, packed, Kp, M, N, K, acc);
-            gemm_f32_naive(false, false, M, N, K, A, K, Bref, N, Cref, N, acc);
-            char what[64];
-            snprintf(what, sizeof what, "amx_gemm (pack form %d, accumulate %d) vs naive", form, acc);
+            product(C, N, A16, lda, packed, Kp, M, N, K, acc);
+            gemm_f32_naive(false, false, M, N, K, A, lda, Bref, N, Cref, N, acc);
+            char what[96];
+            snprintf(what, sizeof what, "%s (pack form %d, accumulate %d) vs naive", name, form, acc);
             CHECK_LE(what, rel_err_2d(C, N, Cref, N, M, N), 1e-5);
         }
-    free(A), free(Bf), free(C), free(Cref), free(Bt), free(A16), free(B16), free(Bt16), free(packed), free(Bref);
+    free(A), free(Bf), free(C), free(Cref), free(A16), free(B16), free(Bt16), free(packed), free(Bref);
+}
+
+/* AMX tile products; skipped where the CPU has no AMX. */
+static void test_amx_gemm_vs_naive(void **state) {
+    (void)state;
+    if (!amx_available()) {
+        printf("AMX tile products not tested: this CPU or build has no AMX\n");
+        skip(); /* counted as skipped, not passed: nothing was checked */
+    }
+    check_packed_product("amx_gemm", amx_gemm, 0, 3);
+}
+
+/* AVX512-BF16 dot products (dpbf16_gemm), with a row stride wider than K to check that rows are
+ * read at lda; skipped where the CPU or build has no AVX512-BF16. */
+static void test_dpbf16_gemm_vs_naive(void **state) {
+    (void)state;
+    if (!dpbf16_available()) {
+        printf("AVX512-BF16 block products not tested: this CPU or build has no AVX512-BF16\n");
+        skip();
+    }
+    check_packed_product("dpbf16_gemm", dpbf16_gemm, 32, 5);
 }
 
 /* The vector conversion rounds to nearest even like the scalar one, ties included, and keeps
@@ -1602,9 +1618,10 @@ static void test_attention_bf16_vs_fp32(void **state) {
     char err[256];
     gemm_ctx_t **g = malloc((size_t)threads * sizeof *g);
     for (int t = 0; t < threads; t++) assert_non_null(g[t] = gemm_create(GEMM_LIB_AUTO, err, sizeof err));
-    /* block products through the library, then on AMX tiles where this CPU has them */
-    int variants = amx_available() ? 2 : 1;
-    if (variants == 1) printf("bf16 attention on AMX tiles not tested: this CPU or build has no AMX\n");
+    /* block products through the library, then in our packed kernel (AMX tiles or AVX512-BF16
+     * dot products) where this CPU has either */
+    int variants = attention_bf16_packed_available() ? 2 : 1;
+    if (variants == 1) printf("bf16 attention in the packed kernel not tested: this CPU or build has neither AMX nor AVX512-BF16\n");
     /* ATTN_CASES pad every extent for the tiles; these two do not (HD and the query blocks
      * multiples of 32), where the AMX kernel stores its tiles straight into the outputs. */
     static const attn_case_t whole_tiles[] = {{1, 160, 4, 2, 32}, {2, 64, 2, 1, 64}};
@@ -1625,9 +1642,9 @@ static void test_attention_bf16_vs_fp32(void **state) {
             attention_backward_bf16(dq, x.ld, dk, x.ld, dv, x.ld, x.R, x.ld_dout, x.out, x.ld_out, x.lse, x.q, x.ld,
                                     x.k, x.ld, x.v, x.ld, &x.a, scratch, blocks);
             assert_true(padding_intact(x.dqkv, x.T, x.qw + 2 * x.kw, x.ld, SENTINEL));
-            char what[112];
+            char what[192];
             snprintf(what, sizeof what, "bf16 attention (%s) out vs fp32 B%ld S%ld H%ld KV%ld HD%ld",
-                     variant ? "AMX tiles" : "library", (long)c->B, (long)c->S, (long)c->H, (long)c->KV, (long)c->HD);
+                     variant ? attention_bf16_packed_kind() : "library", (long)c->B, (long)c->S, (long)c->H, (long)c->KV, (long)c->HD);
             attn_check_vs_kept(&x, &fp32, what, 1e-2);
             attn_kept_free(&fp32);
             free(scratch);
@@ -1744,6 +1761,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_rounding),
         TEST_WITH_LIB(test_gemm_caches_primitives, LIB_ONEDNN, "onednn"),
         cmocka_unit_test(test_amx_gemm_vs_naive),
+        cmocka_unit_test(test_dpbf16_gemm_vs_naive),
         cmocka_unit_test(test_amx_gemm_bf16_vs_naive),
         cmocka_unit_test(test_microgemm_vs_naive),
         cmocka_unit_test(test_rmsnorm_forward),

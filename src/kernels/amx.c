@@ -45,8 +45,8 @@ void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, co
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
                                                 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (; r0 && r1 && n + 16 <= N; n += 16) {
-        __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(r1 + n), _mm512_loadu_ps(r0 + n));
-        _mm512_storeu_si512((void *)(dst + packed_index(Kp, k, n)), _mm512_permutexvar_epi16(interleave, (__m512i)both));
+        __m512i both = bf16x32_from_ps(_mm512_loadu_ps(r0 + n), _mm512_loadu_ps(r1 + n));
+        _mm512_storeu_si512((void *)(dst + packed_index(Kp, k, n)), _mm512_permutexvar_epi16(interleave, both));
     }
 #endif
     for (; n < Np; n++) {
@@ -62,7 +62,9 @@ void amx_pack_b_f32(bf16_t *dst, const float *src, int64_t ld, int64_t K, int64_
         amx_pack_b_f32_pair(dst, Kp, k, k < K ? src + k * ld : NULL, k + 1 < K ? src + (k + 1) * ld : NULL, N, Np);
 }
 
-#if HAVE_AMX
+/* The packers need AVX-512 only: the bf16 attention kernel also packs for vdpbf16ps
+ * products (kernels/dpbf16.h) on CPUs without AMX. */
+#if defined(__AVX512BW__)
 static inline void transpose16x16_epi32(__m512i r[16]) { transpose16x16_ps((__m512 *)r); }
 
 /* Up to 32 bf16 from p (n of them; the rest, and a NULL p, zero). */
@@ -143,6 +145,26 @@ void amx_pack_a(bf16_t *dst, bool trans, const bf16_t *A, int64_t lda, int64_t M
         }
 }
 
+#else
+/* Unreachable: callers pack only where amx_available() or dpbf16_available(), both false in a
+ * build without AVX-512. */
+void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t K) {
+    (void)dst, (void)src, (void)ld, (void)N, (void)K;
+    __builtin_trap();
+}
+
+void amx_pack_b(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t K, int64_t N) {
+    (void)dst, (void)src, (void)ld, (void)K, (void)N;
+    __builtin_trap();
+}
+
+void amx_pack_a(bf16_t *dst, bool trans, const bf16_t *A, int64_t lda, int64_t M, int64_t K) {
+    (void)dst, (void)trans, (void)A, (void)lda, (void)M, (void)K;
+    __builtin_trap();
+}
+#endif
+
+#if HAVE_AMX
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -224,22 +246,6 @@ void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t 
     _tile_release();
 }
 #else
-/* Unreachable, as amx_gemm below: callers check amx_available(), false in a build without AMX. */
-void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t K) {
-    (void)dst, (void)src, (void)ld, (void)N, (void)K;
-    __builtin_trap();
-}
-
-void amx_pack_b(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t K, int64_t N) {
-    (void)dst, (void)src, (void)ld, (void)K, (void)N;
-    __builtin_trap();
-}
-
-void amx_pack_a(bf16_t *dst, bool trans, const bf16_t *A, int64_t lda, int64_t M, int64_t K) {
-    (void)dst, (void)trans, (void)A, (void)lda, (void)M, (void)K;
-    __builtin_trap();
-}
-
 void amx_configure_full_tiles(void) { __builtin_trap(); /* unreachable, as amx_gemm below */ }
 
 void amx_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M, int64_t N,

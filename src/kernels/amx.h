@@ -34,7 +34,7 @@ void amx_pack_b(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t K, int64_t N
 /* op(A)[M, K] as A tiles, [M/32][Kp/32][2][16][32] (the two 16-row tiles of a 32-row block and
  * K step side by side; amx_a_packed reads it): op(A) = A [M rows, K columns] (row stride lda),
  * or Aᵀ for A stored [K rows, M columns] (trans). M is a multiple of 32; Kp = amx_round32(K),
- * zero-padded. The packers require amx_available() (AVX-512 inside). */
+ * zero-padded. The packers need an AVX-512 build (amx_available() or dpbf16_available()). */
 void amx_pack_a(bf16_t *dst, bool trans, const bf16_t *A, int64_t lda, int64_t M, int64_t K);
 
 /* The same from fp32, rounding to bf16 (nearest even) on the way: src [K rows, N columns]. */

@@ -9,6 +9,7 @@
 #ifndef STEPSCOPE_ATTENTION_H
 #define STEPSCOPE_ATTENTION_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels/gemm.h"
@@ -53,9 +54,15 @@ void attention_backward(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, floa
  * probability and dS blocks are rounded to bf16 for the block matmuls (fp32 accumulation);
  * softmax, lse, dS and all outputs stay fp32. With thread_gemm (one gemm context per OpenMP
  * thread of the calling team) the block products run through the gemm library; with
- * thread_gemm NULL they run on AMX tiles (kernels/amx.h), for callers that checked
- * amx_available(). The scratch size covers both. */
+ * thread_gemm NULL they run in our packed kernel, on AMX tiles (kernels/amx.h) or else
+ * AVX512-BF16 dot products (kernels/dpbf16.h), for callers that checked
+ * attention_bf16_packed_available(). The scratch size covers both. */
 int64_t attention_bf16_scratch_floats(const attn_shape_t *a, int num_threads);
+
+/* Whether this CPU and build run the packed bf16 kernel (AMX or AVX512-BF16), and which unit,
+ * for the console. */
+bool attention_bf16_packed_available(void);
+const char *attention_bf16_packed_kind(void);
 
 void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
                             const float *k, int64_t ld_k, const float *v, int64_t ld_v,

@@ -4,7 +4,7 @@
  * dot products). Softmax, lse, dS and every output stay fp32. Each OpenMP thread uses its own
  * gemm context: contexts cache primitives and are not thread-safe; inside a parallel region
  * the library runs a call on the calling thread only. Called without contexts, it hands over
- * to our AMX tile kernel (attention_amx.c). */
+ * to our packed kernel (attention_bf16_packed.c) on AMX tiles or AVX512-BF16 dot products. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -15,6 +15,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_internal.h"
 #include "kernels/bf16.h"
+#include "kernels/dpbf16.h"
 
 /* Query rows per block. Larger than the fp32 kernel's: each block product reorders its B
  * operand (K or V, kend × HD) into the bf16 unit's layout, so the rows sharing that reorder
@@ -32,8 +33,8 @@ static int64_t per_thread_floats(const attn_shape_t *a) {
 
 int64_t attention_bf16_scratch_floats(const attn_shape_t *a, int num_threads) {
     int64_t library = kv_floats(a) + (int64_t)num_threads * per_thread_floats(a);
-    int64_t amx = attention_amx_scratch_floats(a, num_threads);
-    return library > amx ? library : amx;
+    int64_t packed = attention_packed_scratch_floats(a, num_threads);
+    return library > packed ? library : packed;
 }
 
 typedef struct thread_bufs {
@@ -94,11 +95,22 @@ static void pack_kv16(float *scratch, const attn_shape_t *a, const float *k, int
         }
 }
 
-/* thread_gemm NULL selects the AMX kernel, which callers choose only where amx_available();
- * anywhere else its tile instructions would fault, so fail with a message instead. */
-static void require_amx(void) {
-    if (amx_available()) return;
-    fprintf(stderr, "stepscope: internal error: bf16 attention asked for AMX tiles on a CPU or build without them\n");
+bool attention_bf16_packed_available(void) { return amx_available() || dpbf16_available(); }
+
+const char *attention_bf16_packed_kind(void) {
+    if (amx_available()) return "AMX tiles (stepscope's packed bf16 kernel)";
+    if (dpbf16_available()) return "AVX512-BF16 dot products (stepscope's packed bf16 kernel, 8 x 32 register tiles)";
+    return "none on this CPU or build";
+}
+
+/* thread_gemm NULL selects the packed kernel, which callers choose only where
+ * attention_bf16_packed_available(); anywhere else its instructions would fault, so fail with a
+ * message instead. */
+static bf16_block_product_fn packed_product(void) {
+    if (amx_available()) return amx_gemm;
+    if (dpbf16_available()) return dpbf16_gemm;
+    fprintf(stderr, "stepscope: internal error: bf16 attention asked for its packed kernel on a CPU or build "
+                    "with neither AMX nor AVX512-BF16\n");
     abort();
 }
 
@@ -109,8 +121,7 @@ void attention_forward_bf16(float *out, int64_t ld_out, float *lse, const float 
     const int64_t qblocks = (S + QB - 1) / QB;
     const float scale = 1.0f / sqrtf((float)HD);
     if (!thread_gemm) {
-        require_amx();
-        attention_forward_bf16_amx(out, ld_out, lse, q, ld_q, k, ld_k, v, ld_v, a, scratch);
+        attention_forward_bf16_packed(out, ld_out, lse, q, ld_q, k, ld_k, v, ld_v, a, scratch, packed_product());
         return;
     }
     pack_kv16(scratch, a, k, ld_k, v, ld_v);
@@ -141,9 +152,8 @@ void attention_backward_bf16(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk,
     const int64_t qblocks = (S + QB - 1) / QB;
     const float scale = 1.0f / sqrtf((float)HD);
     if (!thread_gemm) {
-        require_amx();
-        attention_backward_bf16_amx(dq, ld_dq, dk, ld_dk, dv, ld_dv, dout, ld_dout, out, ld_out, lse, q, ld_q, k, ld_k,
-                                    v, ld_v, a, scratch);
+        attention_backward_bf16_packed(dq, ld_dq, dk, ld_dk, dv, ld_dv, dout, ld_dout, out, ld_out, lse, q, ld_q, k,
+                                       ld_k, v, ld_v, a, scratch, packed_product());
         return;
     }
     pack_kv16(scratch, a, k, ld_k, v, ld_v);

@@ -3,6 +3,7 @@
 #ifndef STEPSCOPE_ATTENTION_INTERNAL_H
 #define STEPSCOPE_ATTENTION_INTERNAL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels/attention.h"
@@ -44,15 +45,22 @@ void attention_rows_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t 
 /* dst[S, HD] = src rows [S, HD] (row stride ld), packed. */
 void attention_copy_rows(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD);
 
-/* bf16 attention on AMX tiles (attention_amx.c): the contract of attention_forward_bf16 and
- * attention_backward_bf16, for CPUs where amx_available(). */
-int64_t attention_amx_scratch_floats(const attn_shape_t *a, int num_threads);
-void attention_forward_bf16_amx(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
-                                const float *k, int64_t ld_k, const float *v, int64_t ld_v, const attn_shape_t *a,
-                                float *scratch);
-void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
-                                 const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
-                                 const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
-                                 const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch);
+/* A block product of the packed bf16 kernel: amx_gemm's contract (kernels/amx.h), run on AMX
+ * tiles (amx_gemm) or AVX512-BF16 dot products (dpbf16_gemm). */
+typedef void (*bf16_block_product_fn)(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B,
+                                      int64_t Bk, int64_t M, int64_t N, int64_t K, bool accumulate);
+
+/* bf16 attention with our own block products on pre-packed operands (attention_bf16_packed.c):
+ * the contract of attention_forward_bf16 and attention_backward_bf16, for CPUs where
+ * amx_available() (product amx_gemm) or dpbf16_available() (dpbf16_gemm). */
+int64_t attention_packed_scratch_floats(const attn_shape_t *a, int num_threads);
+void attention_forward_bf16_packed(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
+                                   const float *k, int64_t ld_k, const float *v, int64_t ld_v, const attn_shape_t *a,
+                                   float *scratch, bf16_block_product_fn product);
+void attention_backward_bf16_packed(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
+                                    const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
+                                    const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
+                                    const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch,
+                                    bf16_block_product_fn product);
 
 #endif

@@ -8,8 +8,7 @@ void bf16_from_f32_block(bf16_t *dst, const float *src, int64_t n) {
     int64_t i = 0;
 #ifdef __AVX512BF16__
     for (; i + 32 <= n; i += 32) {
-        __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
-        _mm512_storeu_si512((void *)(dst + i), (__m512i)v);
+        _mm512_storeu_si512((void *)(dst + i), bf16x32_from_ps(_mm512_loadu_ps(src + i), _mm512_loadu_ps(src + i + 16)));
     }
 #elif VF_LANES
     for (; i + VF_LANES <= n; i += VF_LANES) vf_store_bf16(dst + i, vf_load(src + i));

@@ -125,17 +125,51 @@ static inline vf vf_exp(vf x) {
     return vf_zero_below_(vf_scale2_(p, n), x, lo);
 }
 
-/* Rounds x to bf16 (nearest even, NaN kept quiet, as bf16_from_f32) into dst[VF_LANES]. */
-static inline void vf_store_bf16(bf16_t *dst, vf x) {
-#if defined(__AVX512BF16__)
-    _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(x));
-#elif defined(__AVX512F__)
+#if defined(__AVX512F__)
+/* x rounded to 16 bf16 the integer way (nearest even, NaN kept quiet): bf16_from_f32 on 16 lanes. */
+static inline __m256i bf16x16_round_int_(__m512 x) {
     __m512i u = _mm512_castps_si512(x);
     __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
                                                      _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
     __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
-    _mm256_storeu_si256((__m256i *)dst, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+#endif
+
+#if defined(__AVX512BF16__)
+/* vcvtneps2bf16 treats fp32 subnormal inputs as zero (measured on the Zen 5: 0x007fffff gave
+ * 0x0000, not bf16_from_f32's 0x0080), where bf16_from_f32, like torch's conversion, rounds
+ * them. The lanes with a zero exponent and a non-zero fraction, rare in practice, are redone
+ * the integer way, so every path gives bf16_from_f32's bits. */
+static inline __mmask16 bf16_subnormal_lanes_(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    return _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)) & _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7fffff));
+}
+static inline __m256i bf16x16_from_ps(__m512 x) {
+    __m256i r = (__m256i)_mm512_cvtneps_pbh(x);
+    __mmask16 sub = bf16_subnormal_lanes_(x);
+    if (__builtin_expect(sub != 0, 0)) r = _mm256_mask_mov_epi16(r, sub, bf16x16_round_int_(x));
+    return r;
+}
+/* 32 bf16: lanes 0-15 from lo, 16-31 from hi (vcvtne2ps2bf16's order), subnormals as above. */
+static inline __m512i bf16x32_from_ps(__m512 lo, __m512 hi) {
+    __m512i r = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    __mmask32 sub = (__mmask32)bf16_subnormal_lanes_(lo) | (__mmask32)bf16_subnormal_lanes_(hi) << 16;
+    if (__builtin_expect(sub != 0, 0)) {
+        __m512i exact = _mm512_inserti64x4(_mm512_castsi256_si512(bf16x16_round_int_(lo)), bf16x16_round_int_(hi), 1);
+        r = _mm512_mask_mov_epi16(r, sub, exact);
+    }
+    return r;
+}
+#endif
+
+/* Rounds x to bf16 (nearest even, NaN kept quiet, as bf16_from_f32) into dst[VF_LANES]. */
+static inline void vf_store_bf16(bf16_t *dst, vf x) {
+#if defined(__AVX512BF16__)
+    _mm256_storeu_si256((__m256i *)dst, bf16x16_from_ps(x));
+#elif defined(__AVX512F__)
+    _mm256_storeu_si256((__m256i *)dst, bf16x16_round_int_(x));
 #else
     __m256i u = _mm256_castps_si256(x);
     __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),

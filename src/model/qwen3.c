@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/amx.h"
 #include "kernels/attention.h"
 #include "kernels/embed.h"
 #include "kernels/microgemm.h"
@@ -335,10 +334,10 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
         return NULL;
     }
     /* Per-thread contexts for attention's block products, where the library runs them: in
-     * bf16 unless the CPU has AMX tiles (our kernel, attention_amx.c, is faster there: the
-     * library repacks both operands on every block), in fp32 where the library beats our
-     * micro-GEMM on those blocks. */
-    bool library_blocks = opt->bf16 ? !amx_available() : gemm_suits_attention_blocks(gemm);
+     * bf16 unless the CPU has AMX tiles or AVX512-BF16 (our packed kernel,
+     * attention_bf16_packed.c, is faster there: the library repacks both operands on every
+     * block), in fp32 where the library beats our micro-GEMM on those blocks. */
+    bool library_blocks = opt->bf16 ? !attention_bf16_packed_available() : gemm_suits_attention_blocks(gemm);
     if (library_blocks) {
         if (!(m->thread_gemm = calloc((size_t)opt->num_threads, sizeof *m->thread_gemm))) {
             snprintf(err, errlen, "out of memory creating the model");
@@ -396,7 +395,7 @@ bool qwen3_rows_padded(const qwen3_model_t *m) { return m->ld_d != m->d.D; }
 
 const char *qwen3_attention_blocks(const qwen3_model_t *m) {
     if (m->thread_gemm) return "the matmul library, one context per thread";
-    if (m->opt.bf16) return "AMX tiles (stepscope's bf16 kernel)";
+    if (m->opt.bf16) return attention_bf16_packed_kind();
     static char fp32[96];
     snprintf(fp32, sizeof fp32, "stepscope's %s", microgemm_kind());
     return fp32;

@@ -1,9 +1,12 @@
-/* bf16 attention with its block products on AMX tiles (kernels/amx.h): the flash-style
- * blocking of attention_bf16.c, with K and V packed once per (batch, kv head) into the tile
- * layout each product reads them in, so no product repacks its operands. Through MKL these
- * [128 × S × 128] products ran at about 6% of the tile unit's peak, most of it packing.
+/* bf16 attention on our own block products over pre-packed operands: AMX tiles (kernels/amx.h)
+ * where the CPU has them, else AVX512-BF16 dot products (kernels/dpbf16.h), the two taking the
+ * same packed operands. The flash-style blocking of attention_bf16.c, with K and V packed once
+ * per (batch, kv head) into the layout each product reads them in, so no product repacks its
+ * operands. Through the matmul library these [128 × S × 128] products ran at about 6% of the
+ * tile unit's peak through MKL (Intel), and at 22-29% of the bf16 peak through oneDNN on the
+ * Zen 5 (slower than the fp32 kernel there), most of it packing.
  *
- * Every extent a tile product sees is padded to a multiple of 32 (queries of a block, keys,
+ * Every extent a block product sees is padded to a multiple of 32 (queries of a block, keys,
  * HD) with zeros, which add nothing to any sum; only the first nq rows and HD columns of a
  * result are copied out. The backward computes dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P, so the large
  * [queries × keys] strips serve as packed B operands (packed while converting to bf16) and
@@ -39,7 +42,7 @@ static int64_t per_thread_floats(const attn_shape_t *a) {
            s_pad(a) * HDp / 2;
 }
 
-int64_t attention_amx_scratch_floats(const attn_shape_t *a, int num_threads) {
+int64_t attention_packed_scratch_floats(const attn_shape_t *a, int num_threads) {
     return shared_floats(a) + (int64_t)num_threads * per_thread_floats(a);
 }
 
@@ -56,12 +59,12 @@ static kv_packs_t kv_packs(float *scratch, const attn_shape_t *a, int64_t b, int
 typedef struct {
     float *p, *dp, *res, *dkt, *dvt;
     bf16_t *ds16, *p_packed, *ds_packed, *q16, *do16, *qt16, *dot16, *kv_rows;
-} amx_bufs_t;
+} packed_bufs_t;
 
-static amx_bufs_t amx_bufs(float *scratch, const attn_shape_t *a) {
+static packed_bufs_t packed_bufs(float *scratch, const attn_shape_t *a) {
     const int64_t HDp = hd_pad(a);
     float *f = scratch + shared_floats(a) + (int64_t)omp_get_thread_num() * per_thread_floats(a);
-    amx_bufs_t t;
+    packed_bufs_t t;
     t.p = f, f += QB * ld_f32(a);
     t.dp = f, f += QB * ld_f32(a);
     t.res = f, f += QB * HDp;
@@ -98,7 +101,7 @@ static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64
     for (int64_t b = 0; b < a->B; b++)
         for (int64_t kvh = 0; kvh < a->KV; kvh++) {
             kv_packs_t pk = kv_packs(scratch, a, b, kvh);
-            bf16_t *rows = amx_bufs(scratch, a).kv_rows;
+            bf16_t *rows = packed_bufs(scratch, a).kv_rows;
             attention_rows_to_bf16(rows, HDp, k + b * S * ld_k + kvh * HD, ld_k, S, S, HD);
             amx_pack_bt(pk.kt, rows, HDp, S, HDp);
             if (backward) amx_pack_b(pk.k, rows, HDp, S, HDp);
@@ -116,7 +119,7 @@ static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64
  * roundings and two packs had each made a pass over [QB, kp] fp32 strips, 25% of this kernel
  * (perf). Rows nq..nqp belong to the zero padding queries: P 0 there. The softmax's 1/sqrt(HD)
  * is folded into dS for dQ and dK. */
-static void p_ds_and_pack(const amx_bufs_t *t, int64_t lf, int64_t lb, int64_t i0, int64_t nq, int64_t nqp,
+static void p_ds_and_pack(const packed_bufs_t *t, int64_t lf, int64_t lb, int64_t i0, int64_t nq, int64_t nqp,
                           int64_t kp, float scale, const float *row_lse, const float *di) {
     float p[2][PD_CHUNK], ds[2][PD_CHUNK];
     for (int64_t r = 0; r < nqp; r += 2)
@@ -134,9 +137,9 @@ static void p_ds_and_pack(const amx_bufs_t *t, int64_t lf, int64_t lb, int64_t i
         }
 }
 
-void attention_forward_bf16_amx(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
-                                const float *k, int64_t ld_k, const float *v, int64_t ld_v, const attn_shape_t *a,
-                                float *scratch) {
+void attention_forward_bf16_packed(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
+                                   const float *k, int64_t ld_k, const float *v, int64_t ld_v, const attn_shape_t *a,
+                                   float *scratch, bf16_block_product_fn product) {
     const int64_t B = a->B, S = a->S, H = a->H, HD = a->HD, HDp = hd_pad(a), group = a->H / a->KV;
     const int64_t qblocks = (S + QB - 1) / QB, Sp = s_pad(a), lf = ld_f32(a), lb = ld_b16(a);
     const float scale = 1.0f / sqrtf((float)HD);
@@ -148,9 +151,9 @@ void attention_forward_bf16_amx(float *out, int64_t ld_out, float *lse, const fl
         int64_t i0 = qb * QB, nq = S - i0 < QB ? S - i0 : QB, kend = i0 + nq;
         int64_t nqp = amx_round32(nq), kp = amx_round32(kend);
         kv_packs_t pk = kv_packs(scratch, a, b, h / group);
-        amx_bufs_t t = amx_bufs(scratch, a);
+        packed_bufs_t t = packed_bufs(scratch, a);
         attention_rows_to_bf16(t.q16, HDp, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nqp, HD);
-        amx_gemm(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false); /* scores = q·kᵀ */
+        product(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false); /* scores = q·kᵀ */
         float inv_sum[QB];
         bf16_t *p16 = t.ds16;
         attention_softmax_rows_to_bf16(p16, lb, t.p, lf, i0, nq, kp, scale, lse + (b * H + h) * S, inv_sum);
@@ -158,20 +161,21 @@ void attention_forward_bf16_amx(float *out, int64_t ld_out, float *lse, const fl
         for (int64_t r = nq; r < nqp; r++) memset(p16 + r * lb, 0, (size_t)kp * sizeof(bf16_t));
         float *op = out + (b * S + i0) * ld_out + h * HD;
         if (nq == nqp && HD == HDp) { /* the usual case: tiles straight into the output */
-            amx_gemm(op, ld_out, p16, lb, pk.v, Sp, nq, HD, kp, false);
+            product(op, ld_out, p16, lb, pk.v, Sp, nq, HD, kp, false);
             attention_scale_rows(op, ld_out, nq, HD, inv_sum);
         } else {
-            amx_gemm(t.res, HDp, p16, lb, pk.v, Sp, nqp, HDp, kp, false);
+            product(t.res, HDp, p16, lb, pk.v, Sp, nqp, HDp, kp, false);
             for (int64_t r = 0; r < nq; r++)
                 for (int64_t d = 0; d < HD; d++) op[r * ld_out + d] = t.res[r * HDp + d] * inv_sum[r];
         }
     }
 }
 
-void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
-                                 const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
-                                 const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
-                                 const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch) {
+void attention_backward_bf16_packed(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
+                                    const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
+                                    const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
+                                    const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch,
+                                    bf16_block_product_fn product) {
     const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, HDp = hd_pad(a), group = a->H / a->KV;
     const int64_t qblocks = (S + QB - 1) / QB, Sp = s_pad(a), lf = ld_f32(a), lb = ld_b16(a);
     const float scale = 1.0f / sqrtf((float)HD);
@@ -182,7 +186,7 @@ void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld
     for (int64_t task = 0; task < B * KV; task++) {
         int64_t b = task / KV, kvh = task % KV;
         kv_packs_t pk = kv_packs(scratch, a, b, kvh);
-        amx_bufs_t t = amx_bufs(scratch, a);
+        packed_bufs_t t = packed_bufs(scratch, a);
         memset(t.dkt, 0, (size_t)(HDp * lf) * sizeof(float));
         memset(t.dvt, 0, (size_t)(HDp * lf) * sizeof(float));
         for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
@@ -196,8 +200,8 @@ void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld
                 attention_rows_to_bf16(t.do16, HDp, dop, ld_dout, nq, nqp, HD);
                 rows_to_bf16_transposed(t.qt16, qp, ld_q, nq, nqp, HD, HDp);
                 rows_to_bf16_transposed(t.dot16, dop, ld_dout, nq, nqp, HD, HDp);
-                amx_gemm(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false);     /* scores = q·kᵀ */
-                amx_gemm(t.dp, lf, t.do16, HDp, pk.vt, HDp, nqp, kp, HDp, false); /* dP = dO·Vᵀ */
+                product(t.p, lf, t.q16, HDp, pk.kt, HDp, nqp, kp, HDp, false);     /* scores = q·kᵀ */
+                product(t.dp, lf, t.do16, HDp, pk.vt, HDp, nqp, kp, HDp, false); /* dP = dO·Vᵀ */
                 float di[QB];
                 for (int64_t r = 0; r < nq; r++) di[r] = attention_row_dot(dop + r * ld_dout, op + r * ld_out, HD);
                 /* Rows nq..nqp of P and dP are zero (zero q and dO rows): as K rows of the dKᵀ
@@ -206,14 +210,14 @@ void attention_backward_bf16_amx(float *dq, int64_t ld_dq, float *dk, int64_t ld
                 p_ds_and_pack(&t, lf, lb, i0, nq, nqp, kp, scale, row_lse, di);
                 float *dqp = dq + (b * S + i0) * ld_dq + h * HD;
                 if (nq == nqp && HD == HDp) {
-                    amx_gemm(dqp, ld_dq, t.ds16, lb, pk.k, Sp, nq, HD, kp, false); /* dQ = dS·K */
+                    product(dqp, ld_dq, t.ds16, lb, pk.k, Sp, nq, HD, kp, false); /* dQ = dS·K */
                 } else {
-                    amx_gemm(t.res, HDp, t.ds16, lb, pk.k, Sp, nqp, HDp, kp, false);
+                    product(t.res, HDp, t.ds16, lb, pk.k, Sp, nqp, HDp, kp, false);
                     for (int64_t r = 0; r < nq; r++)
                         memcpy(dqp + r * ld_dq, t.res + r * HDp, (size_t)HD * sizeof(float));
                 }
-                amx_gemm(t.dkt, lf, t.qt16, QB, t.ds_packed, nqp, HDp, kp, nqp, true); /* dKᵀ += Qᵀ·dS */
-                amx_gemm(t.dvt, lf, t.dot16, QB, t.p_packed, nqp, HDp, kp, nqp, true); /* dVᵀ += dOᵀ·P */
+                product(t.dkt, lf, t.qt16, QB, t.ds_packed, nqp, HDp, kp, nqp, true); /* dKᵀ += Qᵀ·dS */
+                product(t.dvt, lf, t.dot16, QB, t.p_packed, nqp, HDp, kp, nqp, true); /* dVᵀ += dOᵀ·P */
             }
         }
         transpose_f32_serial(dk + b * S * ld_dk + kvh * HD, ld_dk, t.dkt, lf, HD, S);

@@ -1,0 +1,64 @@
+#include "kernels/dpbf16.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+bool dpbf16_available(void) { return __builtin_cpu_supports("avx512bf16"); }
+
+/* Register tile: MR rows × two 16-column panels, 16 zmm accumulators, two B vectors and a
+ * broadcast A pair (19 of 32 registers). Each k-pair step loads two B vectors and MR 4-byte A
+ * words for 2·MR dot products: the FMA pipes, not the loads, bound it. */
+enum { MR = 8 };
+
+static inline __m512bh a_pair(const bf16_t *p) {
+    int32_t w;
+    memcpy(&w, p, sizeof w); /* (A[r][k], A[r][k+1]): the low half is k, as the packed B pairs */
+    return (__m512bh)_mm512_set1_epi32(w);
+}
+
+/* c[MR × 32] (+)= a[MR rows, K] · the two B panels b0, b1 (16 columns each, k-pairs of 64 bytes). */
+static inline __attribute__((always_inline)) void tile(float *c, int64_t ldc, const bf16_t *a, int64_t lda,
+                                                       const bf16_t *b0, const bf16_t *b1, int64_t K, bool accumulate) {
+    __m512 acc[MR][2];
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 2) {
+        __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + k * 16), x1 = (__m512bh)_mm512_loadu_si512(b1 + k * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            __m512bh y = a_pair(a + r * lda + k);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], y, x0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], y, x1);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) {
+        float *cr = c + r * ldc;
+        if (accumulate) {
+            acc[r][0] = _mm512_add_ps(acc[r][0], _mm512_loadu_ps(cr));
+            acc[r][1] = _mm512_add_ps(acc[r][1], _mm512_loadu_ps(cr + 16));
+        }
+        _mm512_storeu_ps(cr, acc[r][0]);
+        _mm512_storeu_ps(cr + 16, acc[r][1]);
+    }
+}
+
+void dpbf16_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
+                 int64_t N, int64_t K, bool accumulate) {
+    const int64_t panel = Bk / 2 * 32; /* elements per 16-column panel */
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+        const bf16_t *b0 = B + (n0 / 16) * panel;
+        for (int64_t m0 = 0; m0 < M; m0 += MR)
+            tile(C + m0 * ldc + n0, ldc, A + m0 * lda, lda, b0, b0 + panel, K, accumulate);
+    }
+}
+#else
+bool dpbf16_available(void) { return false; }
+
+void dpbf16_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
+                 int64_t N, int64_t K, bool accumulate) {
+    /* Unreachable: callers check dpbf16_available(), false in a build without AVX512-BF16. */
+    (void)C, (void)ldc, (void)A, (void)lda, (void)B, (void)Bk, (void)M, (void)N, (void)K, (void)accumulate;
+    __builtin_trap();
+}
+#endif

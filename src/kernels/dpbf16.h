@@ -1,0 +1,26 @@
+/* dpbf16: bf16 block products on AVX512-BF16 dot products (vdpbf16ps: AMD Zen 4 and 5, Intel
+ * Cooper Lake), for bf16 attention on CPUs that have them but no AMX tiles. Through the matmul
+ * library (oneDNN) attention's [128 × S × 128] block products ran at 22-29% of the bf16 peak on
+ * the Zen 5, slower than the fp32 kernel: each call reorders both operands. These take the
+ * operands already packed, in the layout amx.h defines for its tile products (A bf16
+ * row-major, B in the packed "vnni" layout of k-pairs), so the bf16 attention kernel packs K
+ * and V once per head and runs either unit's product on them. */
+#ifndef STEPSCOPE_DPBF16_H
+#define STEPSCOPE_DPBF16_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/bf16.h"
+
+/* Whether this build and CPU run vdpbf16ps (a build targeting AVX512-BF16, on a CPU that
+ * reports it: the build may run elsewhere, or under valgrind, which has no AVX-512). */
+bool dpbf16_available(void);
+
+/* C[M, N] (+)= A[M, K] · B: the contract of amx_gemm (kernels/amx.h). A bf16 row-major (row
+ * stride lda elements), B packed with K extent Bk (≥ K), C fp32 (row stride ldc); M, N, K
+ * multiples of 32. Runs on the calling thread; requires dpbf16_available(). */
+void dpbf16_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
+                 int64_t N, int64_t K, bool accumulate);
+
+#endif
