@@ -4,7 +4,7 @@
  * padded (y and dy of qkv and gate_up, 4096 and 6144 floats wide, 64 bytes wider: the model's
  * layout from 2026-12-02 until every activation was padded), and against every activation padded
  * (x and dx as well, D, H·HD and F wide: qwen3_padded_width, the layout row_padding=auto runs on
- * oneDNN's gemm driver). Each variant runs through the same gemm_f32 the model calls, alternated
+ * oneDNN in fp32). Each variant runs through the same gemm_f32 the model calls, alternated
  * call by call so a noisy neighbour hits them alike; prints each form's median GFLOP/s and
  * speed-up over dense, and the twelve forms' sum.
  *   build/bench/row_strides [tokens=1024] [reps=7] [threads=2] */

@@ -190,7 +190,9 @@ static void note_padding(void) {
     char err[256];
     gemm_ctx_t *g = gemm_create(GEMM_LIB_AUTO, err, sizeof err);
     assert_non_null(g);
-    printf("# row_padding=auto runs %s rows on this CPU\n", gemm_prefers_padded_rows(g) ? "padded" : "dense");
+    int64_t from = gemm_pad_rows_from(g);
+    if (from == INT64_MAX) printf("# row_padding=auto runs dense rows on this CPU\n");
+    else printf("# row_padding=auto pads the activations %lld floats wide or wider on this CPU\n", (long long)from);
     gemm_destroy(g);
 }
 #define FIXTURE_TESTS(fixture, rows)                                                                         \

@@ -51,11 +51,15 @@ const char *gemm_library_detail(const gemm_ctx_t *g);
  * first: oneDNN 2.x ran them at half rate; MKL does not need it. */
 bool gemm_wide_gradients_slow(const gemm_ctx_t *g);
 
-/* Whether fp32 products should get their activations (C, and the transposed A of a weight
- * gradient) with row strides off multiples of 2 KiB: on oneDNN's gemm driver (AVX2 CPUs) such
- * strides cost a qwen3 layer's products up to 13% a form (qwen3_padded_width; row_padding=auto
- * pads every activation where this says so). */
-bool gemm_prefers_padded_rows(const gemm_ctx_t *g);
+/* The narrowest fp32 activation (C, and the transposed A of a weight gradient), in floats,
+ * whose rows should run at a stride off the 2 KiB multiples (qwen3_padded_width;
+ * row_padding=auto pads the activations at least this wide); INT64_MAX for none. oneDNN's gemm
+ * driver (AVX2): every width, 1.03-1.05x on a qwen3 layer's products on the Zen 3. Its matmul
+ * primitive (AVX512): 4096 and wider (qwen3-0.6b's q/k/v and gate/up outputs, 1.09x on the
+ * layer's products on the Zen 4), since padding the 1024-wide residual stream as well slowed
+ * the LM head's products (whole steps of 4 layers and the full vocabulary 0.82x). MKL: none
+ * (not measured padded). */
+int64_t gemm_pad_rows_from(const gemm_ctx_t *g);
 
 /* Whether fp32 attention should run its block products (ATTN_QBLOCK queries × up to S keys × HD) in
  * this library rather than in our micro-GEMM: MKL's small-matrix kernels beat it; oneDNN's

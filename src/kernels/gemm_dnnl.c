@@ -164,7 +164,11 @@ bool gemm_bf16_tiles(const gemm_ctx_t *g) { return g->bf16_tiles; }
  * run them like the others (down_proj's gradients 148-164 GFLOP/s on 2 Zen 3 cores). */
 bool gemm_wide_gradients_slow(const gemm_ctx_t *g) { return !g->mkl && g->avx512; }
 bool gemm_suits_attention_blocks(const gemm_ctx_t *g) { return g->mkl != NULL; }
-bool gemm_prefers_padded_rows(const gemm_ctx_t *g) { return f32_stages(g); }
+/* Measured in docs/speed.md ("Padded row strides"); see gemm.h. */
+int64_t gemm_pad_rows_from(const gemm_ctx_t *g) {
+    if (g->mkl) return INT64_MAX;
+    return g->avx512 ? 4096 : 0;
+}
 
 void gemm_destroy(gemm_ctx_t *g) {
     if (!g) return;

@@ -361,13 +361,14 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     }
     /* Auto: fp32 only, where the library runs faster so (bf16 runs' products read bf16 copies
      * with their own strides, ld16). */
-    bool pad = opt->rows == QWEN3_ROWS_PADDED ||
-               (opt->rows == QWEN3_ROWS_AUTO && !opt->bf16 && gemm_prefers_padded_rows(gemm));
-    m->ld_d = row_stride(pad, d->D);
-    m->ld_hhd = row_stride(pad, d->H * d->HD);
-    m->ld_f = row_stride(pad, d->F);
-    m->ld_qkv = row_stride(pad, (d->H + 2 * d->KV) * d->HD);
-    m->ld_gate_up = row_stride(pad, 2 * d->F);
+    int64_t pad_from = opt->rows == QWEN3_ROWS_PADDED ? 0
+                       : opt->rows == QWEN3_ROWS_AUTO && !opt->bf16 ? gemm_pad_rows_from(gemm)
+                                                                    : INT64_MAX;
+    m->ld_d = row_stride(d->D >= pad_from, d->D);
+    m->ld_hhd = row_stride(d->H * d->HD >= pad_from, d->H * d->HD);
+    m->ld_f = row_stride(d->F >= pad_from, d->F);
+    m->ld_qkv = row_stride((d->H + 2 * d->KV) * d->HD >= pad_from, (d->H + 2 * d->KV) * d->HD);
+    m->ld_gate_up = row_stride(2 * d->F >= pad_from, 2 * d->F);
     m->stream = acts;
     m->acts_base = acts + (d->L + 1) * stream_floats(d);
     scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, opt->remat, scratch);
@@ -392,6 +393,13 @@ void qwen3_destroy(qwen3_model_t *m) {
 }
 
 bool qwen3_rows_padded(const qwen3_model_t *m) { return m->ld_d != m->d.D; }
+
+const char *qwen3_rows_detail(const qwen3_model_t *m) {
+    if (qwen3_rows_padded(m)) return "padded, 64 bytes wider than their width";
+    if (m->ld_qkv != (m->d.H + 2 * m->d.KV) * m->d.HD || m->ld_gate_up != 2 * m->d.F)
+        return "padded where 4096 floats or wider (q/k/v and gate/up, 64 bytes wider), the rest dense";
+    return "dense";
+}
 
 const char *qwen3_attention_blocks(const qwen3_model_t *m) {
     if (m->thread_gemm) return "the matmul library, one context per thread";

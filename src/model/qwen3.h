@@ -105,8 +105,9 @@ int64_t qwen3_default_xent_chunk(const qwen3_dims_t *d);
 int64_t qwen3_padded_width(int64_t cols);
 
 /* The activations' row layout (row_padding): AUTO pads every activation and activation gradient
- * (qwen3_padded_width) in fp32 where the gemm library runs faster so (gemm_prefers_padded_rows:
- * oneDNN's gemm driver, AVX2), and keeps them dense elsewhere and in bf16 runs; DENSE and PADDED
+ * (qwen3_padded_width) in fp32 at least as wide as the gemm library runs faster so
+ * (gemm_pad_rows_from: every one on oneDNN's gemm driver, AVX2; q/k/v and gate/up on its matmul
+ * primitive, AVX512), and keeps them dense elsewhere (MKL) and in bf16 runs; DENSE and PADDED
  * choose, for tests and side-by-side benchmarks. The weights and their gradients stay dense. */
 typedef enum { QWEN3_ROWS_AUTO, QWEN3_ROWS_DENSE, QWEN3_ROWS_PADDED } qwen3_rows_t;
 
@@ -142,8 +143,10 @@ void qwen3_destroy(qwen3_model_t *m);
  * has them), the matmul library, or our micro-GEMM (fp32; AVX-512 or AVX2). */
 const char *qwen3_attention_blocks(const qwen3_model_t *m);
 
-/* Whether the activations' rows run padded (qwen3_rows_t), for the log. */
+/* Whether every activation's rows run padded (qwen3_rows_t); and the layout in words, for the
+ * log (dense, every activation padded, or only the wide ones). */
 bool qwen3_rows_padded(const qwen3_model_t *m);
+const char *qwen3_rows_detail(const qwen3_model_t *m);
 
 /* Forward, mean cross-entropy over the B·S targets, and backward: the matmul weights'
  * gradients are written by their first product of the step; the norm weights' gradients and an

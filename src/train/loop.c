@@ -326,7 +326,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         if (plan->bf16) printf("bf16 matmuls: %s\n", gemm_bf16_detail(l.state.gemm));
         printf("attention block products: %s\n", qwen3_attention_blocks(l.state.model));
         printf("activation rows: %s (row_padding=%s)\n",
-               qwen3_rows_padded(l.state.model) ? "padded, 64 bytes wider than their width" : "dense", cfg->row_padding);
+               qwen3_rows_detail(l.state.model), cfg->row_padding);
         /* The plan's buffers are all touched by now: what is resident beyond them is the binary,
          * the libraries and their own allocations. */
         memstat_t mem;
