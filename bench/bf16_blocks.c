@@ -16,13 +16,10 @@
 
 enum { MAX_REPS = 101, QB = 128, HD = 128 };
 
-typedef void (*product_fn)(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk,
-                           int64_t M, int64_t N, int64_t K, bool accumulate);
-
 static bf16_t *bf16_filled(int64_t n, unsigned seed) {
     float *f = bench_filled(n, seed);
     bf16_t *h = aligned_alloc(64, (size_t)((n * 2 + 63) / 64 * 64));
-    for (int64_t i = 0; i < n; i++) h[i] = bf16_from_f32(f[i]);
+    bf16_from_f32_array(h, f, n);
     free(f);
     return h;
 }
@@ -35,7 +32,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bf16_blocks [reps 1..%d] [one_core_bf16_peak_gflops>0] [S, a multiple of 32]\n", MAX_REPS);
         return 2;
     }
-    product_fn fns[2] = {dpbf16_gemm, amx_gemm};
+    bf16_block_product_fn fns[2] = {dpbf16_gemm, amx_gemm};
     const char *names[2] = {"avx512-bf16", "amx"};
     bool have[2] = {dpbf16_available(), amx_available()};
     if (!have[0] && !have[1]) {

@@ -392,9 +392,7 @@ static void test_amx_gemm_bf16_vs_naive(void **state) {
  * are not multiples of 32 (the packs zero-pad them); the product runs over a K shorter than the
  * packed extent, written and accumulated. Each k-pair's products are exact in fp32, so only the
  * order of fp32 additions over K = 64 terms differs (~1e-7; bound 1e-5). */
-typedef void (*packed_product_fn)(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B,
-                                  int64_t Bk, int64_t M, int64_t N, int64_t K, bool accumulate);
-static void check_packed_product(const char *name, packed_product_fn product, int64_t lda_extra, uint64_t seed) {
+static void check_packed_product(const char *name, bf16_block_product_fn product, int64_t lda_extra, uint64_t seed) {
     test_rng_t rng = {seed};
     const int64_t M = 64, N = 96, K = 64, lda = K + lda_extra, Ksrc = 75, Nsrc = 90;
     const int64_t Kp = amx_round32(Ksrc), Np = amx_round32(Nsrc);

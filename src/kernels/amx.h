@@ -79,4 +79,9 @@ void amx_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, i
 void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
               int64_t N, int64_t K, bool accumulate);
 
+/* A block product over these packed operands with amx_gemm's contract: amx_gemm on AMX tiles,
+ * or dpbf16_gemm (kernels/dpbf16.h) on AVX512-BF16 dot products. */
+typedef void (*bf16_block_product_fn)(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B,
+                                      int64_t Bk, int64_t M, int64_t N, int64_t K, bool accumulate);
+
 #endif

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/amx.h"
 #include "kernels/attention.h"
 #include "kernels/bf16.h"
 
@@ -44,11 +45,6 @@ void attention_rows_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t 
 
 /* dst[S, HD] = src rows [S, HD] (row stride ld), packed. */
 void attention_copy_rows(float *dst, const float *src, int64_t ld, int64_t S, int64_t HD);
-
-/* A block product of the packed bf16 kernel: amx_gemm's contract (kernels/amx.h), run on AMX
- * tiles (amx_gemm) or AVX512-BF16 dot products (dpbf16_gemm). */
-typedef void (*bf16_block_product_fn)(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B,
-                                      int64_t Bk, int64_t M, int64_t N, int64_t K, bool accumulate);
 
 /* bf16 attention with our own block products on pre-packed operands (attention_bf16_packed.c):
  * the contract of attention_forward_bf16 and attention_backward_bf16, for CPUs where

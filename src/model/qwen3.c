@@ -49,7 +49,8 @@ typedef struct layer_acts {
 int64_t qwen3_padded_width(int64_t cols) { return cols + 16; }
 
 /* The stride a run gives an activation `cols` wide: padded, or dense. */
-static int64_t row_stride(bool pad, int64_t cols) { return pad ? qwen3_padded_width(cols) : cols; }
+/* Activations at least pad_from floats wide run padded (see qwen3_create). */
+static int64_t row_stride(int64_t pad_from, int64_t cols) { return cols >= pad_from ? qwen3_padded_width(cols) : cols; }
 
 /* Consecutive buffers out of one region; with base NULL it only counts, so each bind function
  * below both sizes its part of the plan and lays it out. */
@@ -364,11 +365,11 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     int64_t pad_from = opt->rows == QWEN3_ROWS_PADDED ? 0
                        : opt->rows == QWEN3_ROWS_AUTO && !opt->bf16 ? gemm_pad_rows_from(gemm)
                                                                     : INT64_MAX;
-    m->ld_d = row_stride(d->D >= pad_from, d->D);
-    m->ld_hhd = row_stride(d->H * d->HD >= pad_from, d->H * d->HD);
-    m->ld_f = row_stride(d->F >= pad_from, d->F);
-    m->ld_qkv = row_stride((d->H + 2 * d->KV) * d->HD >= pad_from, (d->H + 2 * d->KV) * d->HD);
-    m->ld_gate_up = row_stride(2 * d->F >= pad_from, 2 * d->F);
+    m->ld_d = row_stride(pad_from, d->D);
+    m->ld_hhd = row_stride(pad_from, d->H * d->HD);
+    m->ld_f = row_stride(pad_from, d->F);
+    m->ld_qkv = row_stride(pad_from, (d->H + 2 * d->KV) * d->HD);
+    m->ld_gate_up = row_stride(pad_from, 2 * d->F);
     m->stream = acts;
     m->acts_base = acts + (d->L + 1) * stream_floats(d);
     scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, opt->remat, scratch);
