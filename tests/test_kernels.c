@@ -25,7 +25,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/amx.h"
-#include "kernels/amx_gemm.h"
+#include "kernels/bf16_blocked.h"
 #include "kernels/attention.h"
 #include "kernels/embed.h"
 #include "kernels/bf16.h"
@@ -201,7 +201,7 @@ static void test_gemm_bf16_vs_naive(void **state) {
     test_rng_t rng = {2};
     gemm_ctx_t *g = new_gemm_of(state);
     /* A library named outright runs every product itself, also where our AMX kernel would take
-     * the shape under gemm_library=auto (that kernel's test is test_amx_gemm_bf16_vs_naive). */
+     * the shape under gemm_library=auto (that kernel's test is test_bf16_blocked_vs_naive). */
     assert_false(gemm_bf16_tiles(g));
     double worst = 0.0;
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
@@ -300,32 +300,33 @@ static void test_gemm_thread_count_bits(void **state) {
     gemm_destroy(g);
 }
 
-/* One amx_gemm_bf16 case against the naive fp32 gemm on the same bf16-rounded values, on
+/* One bf16_blocked_gemm case against the naive fp32 gemm on the same bf16-rounded values, on
  * `threads` threads; C's row padding must stay untouched. Returns the relative Frobenius error
  * and leaves the result in *out (M × ldc) for comparisons across thread counts. */
-static double amx_gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad, bool acc, int threads,
+static double bf16_blocked_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad, bool acc, int threads,
                             test_rng_t *rng, float **out) {
     int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb;
     float *A = falloc((size_t)na), *B = falloc((size_t)nb), *C = falloc((size_t)(M * ldc)), *Cref = falloc((size_t)(M * ldc));
     bf16_t *A16 = malloc((size_t)na * sizeof(bf16_t)), *B16 = malloc((size_t)nb * sizeof(bf16_t));
-    bf16_t *work = aligned_alloc(64, (size_t)(threads * amx_gemm_workspace_elems()) * sizeof(bf16_t));
+    bf16_t *work = aligned_alloc(64, (size_t)(threads * bf16_blocked_workspace_elems()) * sizeof(bf16_t));
     fill_bf16_exact(A, A16, na, rng);
     fill_bf16_exact(B, B16, nb, rng);
     fill_const(C, (size_t)(M * ldc), SENTINEL);
     for (int64_t i = 0; i < M; i++) fill_uniform(C + i * ldc, (size_t)N, rng, -1.0f, 1.0f);
     memcpy(Cref, C, (size_t)(M * ldc) * sizeof(float));
-    amx_gemm_bf16(ta, tb, M, N, K, A16, lda, B16, ldb, C, ldc, acc, work, threads);
+    bf16_blocked_gemm(ta, tb, M, N, K, A16, lda, B16, ldb, C, ldc, acc, work, threads);
     gemm_f32_naive(ta, tb, M, N, K, A, lda, B, ldb, Cref, ldc, acc);
     double err = rel_err_2d(C, ldc, Cref, ldc, M, N);
     if (!padding_intact(C, M, N, ldc, SENTINEL))
-        fail_msg("amx_gemm_bf16 ta=%d tb=%d %ldx%ldx%ld wrote into C's padding", ta, tb, (long)M, (long)N, (long)K);
+        fail_msg("bf16_blocked_gemm ta=%d tb=%d %ldx%ldx%ld wrote into C's padding", ta, tb, (long)M, (long)N, (long)K);
     *out = C;
     free(A), free(B), free(Cref), free(A16), free(B16), free(work);
     return err;
 }
 
-/* The blocked AMX kernel behind gemm_bf16 on AMX CPUs, in all four transpose forms, with and
+/* The blocked kernel behind gemm_bf16 on AMX CPUs (its AMX tiles) and AVX512-BF16 ones (its
+ * dot-product tiles, dpbf16_tile_product), in all four transpose forms, with and
  * without accumulate, over shapes that take each of its paths: K not a multiple of 32 (A
  * packed, K zero-padded), K a multiple of 32 (A read in place), a row stride that is a multiple
  * of 2 KiB (A packed again), K deeper than one 512-deep slice (C carried across slices), an
@@ -334,10 +335,10 @@ static double amx_gemm_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, i
  * bf16 values are exact in fp32, so the error is fp32 summation over K terms, at worst K·2⁻²⁴
  * relative (and ~1e-6 in practice); each case must also give the same bits on one and two
  * threads, since threads only split C. */
-static void test_amx_gemm_bf16_vs_naive(void **state) {
+static void test_bf16_blocked_vs_naive(void **state) {
     (void)state;
-    if (!amx_available()) {
-        printf("AMX blocked products not tested: this CPU or build has no AMX\n");
+    if (!amx_available() && !dpbf16_available()) {
+        printf("blocked bf16 products not tested: this CPU or build has neither AMX nor AVX512-BF16\n");
         skip(); /* counted as skipped, not passed: nothing was checked */
     }
     static const int64_t cases[][4] = {/* M, N, K, pad */
@@ -354,26 +355,26 @@ static void test_amx_gemm_bf16_vs_naive(void **state) {
                     if (M * N > 65536 && (ta || tb || acc)) continue; /* the wide case: one form keeps it quick */
                     float *C1, *C2;
                     test_rng_t again = rng;
-                    double e = amx_gemm_case(ta, tb, M, N, K, pad, acc, 1, &rng, &C1);
-                    amx_gemm_case(ta, tb, M, N, K, pad, acc, 2, &again, &C2);
+                    double e = bf16_blocked_case(ta, tb, M, N, K, pad, acc, 1, &rng, &C1);
+                    bf16_blocked_case(ta, tb, M, N, K, pad, acc, 2, &again, &C2);
                     if (memcmp(C1, C2, (size_t)(M * (N + pad)) * sizeof(float)))
-                        fail_msg("amx_gemm_bf16 ta=%d tb=%d %ldx%ldx%ld differs between 1 and 2 threads", ta, tb,
+                        fail_msg("bf16_blocked_gemm ta=%d tb=%d %ldx%ldx%ld differs between 1 and 2 threads", ta, tb,
                                  (long)M, (long)N, (long)K);
                     double bound = fmax(1e-6, (double)K * 0x1p-24);
                     if (!(e < bound))
-                        fail_msg("amx_gemm_bf16 ta=%d tb=%d acc=%d %ldx%ldx%ld: rel err %.3e over %.1e", ta, tb, acc,
+                        fail_msg("bf16_blocked_gemm ta=%d tb=%d acc=%d %ldx%ldx%ld: rel err %.3e over %.1e", ta, tb, acc,
                                  (long)M, (long)N, (long)K, e, bound);
                     worst = e > worst ? e : worst;
                     free(C1), free(C2);
                 }
-    CHECK_LE("amx_gemm_bf16 vs naive on bf16-rounded inputs, worst rel Frobenius", worst, 2088 * 0x1p-24);
+    CHECK_LE("bf16_blocked_gemm vs naive on bf16-rounded inputs, worst rel Frobenius", worst, 2088 * 0x1p-24);
 
     /* gemm_library=auto hands such products to it through gemm_bf16, and says so. */
     char err[512] = "";
     gemm_ctx_t *g = gemm_create(GEMM_LIB_AUTO, err, sizeof err);
     if (!g) fail_msg("gemm_create: %s", err);
     assert_true(gemm_bf16_tiles(g));
-    assert_non_null(strstr(gemm_bf16_detail(g), "AMX tiles"));
+    assert_non_null(strstr(gemm_bf16_detail(g), "stepscope's blocked kernel"));
     const int64_t M = 64, N = 96, K = 96;
     bf16_t *A16 = malloc((size_t)(M * K) * sizeof(bf16_t)), *B16 = malloc((size_t)(K * N) * sizeof(bf16_t));
     float *A = falloc((size_t)(M * K)), *B = falloc((size_t)(K * N)), *C = falloc((size_t)(M * N)), *Cref = falloc((size_t)(M * N));
@@ -381,7 +382,7 @@ static void test_amx_gemm_bf16_vs_naive(void **state) {
     fill_bf16_exact(B, B16, K * N, &rng);
     gemm_bf16(g, false, false, M, N, K, A16, K, B16, N, C, N, false);
     gemm_f32_naive(false, false, M, N, K, A, K, B, N, Cref, N, false);
-    CHECK_LE("gemm_bf16 (auto: AMX kernel) vs naive", rel_err_2d(C, N, Cref, N, M, N), K * 0x1p-24);
+    CHECK_LE("gemm_bf16 (auto: our blocked kernel) vs naive", rel_err_2d(C, N, Cref, N, M, N), K * 0x1p-24);
     free(A16), free(B16), free(A), free(B), free(C), free(Cref);
     gemm_destroy(g);
 }
@@ -1760,7 +1761,7 @@ int main(void) {
         TEST_WITH_LIB(test_gemm_caches_primitives, LIB_ONEDNN, "onednn"),
         cmocka_unit_test(test_amx_gemm_vs_naive),
         cmocka_unit_test(test_dpbf16_gemm_vs_naive),
-        cmocka_unit_test(test_amx_gemm_bf16_vs_naive),
+        cmocka_unit_test(test_bf16_blocked_vs_naive),
         cmocka_unit_test(test_microgemm_vs_naive),
         cmocka_unit_test(test_rmsnorm_forward),
         cmocka_unit_test(test_rmsnorm_backward_fd),

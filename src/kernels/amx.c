@@ -185,9 +185,9 @@ void amx_configure_full_tiles(void) { _tile_loadconfig(&full_tiles); }
 /* Tiles 0-3: the 32×32 fp32 C block as four 16×16 quarters; 4-5: two 16×32 A tiles (rows
  * m0..m0+15, m0+16..m0+31); 6-7: two 16-pair × 16-column B tiles (columns n0.., n0+16..).
  * Row blocks outside: a 32-row A block stays in L1 while the B panels stream past it from L2;
- * the other order (a B panel in L1, A blocks streaming) ran 0.6-0.9x as fast in amx_gemm.c.
+ * the other order (a B panel in L1, A blocks streaming) ran 0.6-0.9x as fast in bf16_blocked.c.
  * stream_b loads B's tiles with the non-temporal hint (TILELOADDT1), which keeps them from
- * evicting that A block: the blocked GEMM's gain (amx_gemm.c, k_slice). Attention's products,
+ * evicting that A block: the blocked GEMM's gain (bf16_blocked.c, k_slice). Attention's products,
  * whose packed K and V are read again by the next query block, ran 0.88x with it. */
 static inline __attribute__((always_inline)) void tile_product(float *C, int64_t ldc, amx_a_tiles_t A,
                                                                const bf16_t *B, int64_t Bk, int64_t M, int64_t N,

@@ -2,7 +2,7 @@
  * small for a GEMM library to amortise its per-call packing: attention's [128 × S × 128]
  * block products ran at 6% of the tile unit's peak through MKL. Here the B operands (K, V,
  * and the probability strips) are packed once into the tile unit's layout by the caller and
- * each product is a plain loop of tile loads and dot products. amx_gemm.h builds whole
+ * each product is a plain loop of tile loads and dot products. bf16_blocked.h builds whole
  * matrix products (the linear layers) on the same tile product.
  *
  * Packed B layout ("vnni"): a K×N matrix B is stored as [N/16][Kp/2][16][2], where Kp is the

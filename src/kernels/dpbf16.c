@@ -17,16 +17,29 @@ static inline __m512bh a_pair(const bf16_t *p) {
     return (__m512bh)_mm512_set1_epi32(w);
 }
 
-/* c[MR × 32] (+)= a[MR rows, K] · the two B panels b0, b1 (16 columns each, k-pairs of 64 bytes). */
-static inline __attribute__((always_inline)) void tile(float *c, int64_t ldc, const bf16_t *a, int64_t lda,
-                                                       const bf16_t *b0, const bf16_t *b1, int64_t K, bool accumulate) {
+/* c[MR × 32] (+)= A's rows a (MR of them, each rs elements from the next within a 16-row tile)
+ * · the two B panels. gemm: for the blocked GEMM, A in 32-deep steps k_step elements apart
+ * (amx_a_tiles_t's layouts) and C fetched ahead; else (attention's blocks) A row-major. */
+static inline __attribute__((always_inline)) void tile(float *c, int64_t ldc, const bf16_t *a, int64_t rs,
+                                                       int64_t k_step, const bf16_t *b0, const bf16_t *b1, int64_t K,
+                                                       bool accumulate, const bool gemm) {
     __m512 acc[MR][2];
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    /* C's lines, fetched now so that the K loop hides their latency: loaded only at the end,
+     * from L3 or DRAM where a blocked GEMM's C is wide, they stalled every tile (a step's worth
+     * of bf16 products went from 0.84x oneDNN's rate to 1.01x with this, bench/gemm_shapes). */
+    for (int r = 0; gemm && r < MR; r++) {
+        _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + r * ldc + 16), _MM_HINT_T0);
+    }
+    /* One k pair a step, as the attention kernel's products ran fastest (a loop of 32-deep steps
+     * with the pairs inside ran them 0.95-0.99x, bench/bf16_blocks). */
     for (int64_t k = 0; k < K; k += 2) {
+        const bf16_t *ak = gemm ? a + (k >> 5) * k_step + (k & 31) : a + k;
         __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + k * 16), x1 = (__m512bh)_mm512_loadu_si512(b1 + k * 16);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
-            __m512bh y = a_pair(a + r * lda + k);
+            __m512bh y = a_pair(ak + r * rs);
             acc[r][0] = _mm512_dpbf16_ps(acc[r][0], y, x0);
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], y, x1);
         }
@@ -43,17 +56,39 @@ static inline __attribute__((always_inline)) void tile(float *c, int64_t ldc, co
     }
 }
 
+void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M, int64_t N,
+                         int64_t K, bool accumulate) {
+    const int64_t panel = Bk / 2 * 32, rs = A.stride / (int64_t)sizeof(bf16_t);
+    /* Row blocks outside, as amx_tile_product: the MR rows of A (8 KiB at 512 deep) stay in L1
+     * while the B panels go past them from L2. With the columns outside, A's rows streamed from
+     * L3: a step's worth of products ran 1.01x oneDNN's rate where this order ran 1.11x
+     * (bench/gemm_shapes, 512-deep slices, docs/speed.md). */
+    for (int64_t m0 = 0; m0 < M; m0 += MR) {
+        const bf16_t *a = A.p + (m0 / 32) * A.row_block + (m0 % 32 / 16) * A.lower + (m0 % 16) * rs;
+        for (int64_t n0 = 0; n0 < N; n0 += 32) {
+            const bf16_t *b0 = B + (n0 / 16) * panel;
+            tile(C + m0 * ldc + n0, ldc, a, rs, A.k_step, b0, b0 + panel, K, accumulate, true);
+        }
+    }
+}
+
 void dpbf16_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
                  int64_t N, int64_t K, bool accumulate) {
     const int64_t panel = Bk / 2 * 32; /* elements per 16-column panel */
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
         const bf16_t *b0 = B + (n0 / 16) * panel;
         for (int64_t m0 = 0; m0 < M; m0 += MR)
-            tile(C + m0 * ldc + n0, ldc, A + m0 * lda, lda, b0, b0 + panel, K, accumulate);
+            tile(C + m0 * ldc + n0, ldc, A + m0 * lda, lda, 32, b0, b0 + panel, K, accumulate, false);
     }
 }
 #else
 bool dpbf16_available(void) { return false; }
+
+void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M, int64_t N,
+                         int64_t K, bool accumulate) {
+    (void)C, (void)ldc, (void)A, (void)B, (void)Bk, (void)M, (void)N, (void)K, (void)accumulate;
+    __builtin_trap(); /* unreachable, as dpbf16_gemm below */
+}
 
 void dpbf16_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
                  int64_t N, int64_t K, bool accumulate) {

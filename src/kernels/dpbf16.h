@@ -4,13 +4,15 @@
  * the Zen 5, slower than the fp32 kernel: each call reorders both operands. These take the
  * operands already packed, in the layout amx.h defines for its tile products (A bf16
  * row-major, B in the packed "vnni" layout of k-pairs), so the bf16 attention kernel packs K
- * and V once per head and runs either unit's product on them. */
+ * and V once per head and runs either unit's product on them; the blocked GEMM of the
+ * projections and LM head (bf16_blocked.h) runs its block products here too. */
 #ifndef STEPSCOPE_DPBF16_H
 #define STEPSCOPE_DPBF16_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/amx.h"
 #include "kernels/bf16.h"
 
 /* Whether this build and CPU run vdpbf16ps (a build targeting AVX512-BF16, on a CPU that
@@ -22,5 +24,11 @@ bool dpbf16_available(void);
  * multiples of 32. Runs on the calling thread; requires dpbf16_available(). */
 void dpbf16_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
                  int64_t N, int64_t K, bool accumulate);
+
+/* amx_tile_product's contract on these dot products: C[M, N] (+)= A · B over K, A's tiles in
+ * either of amx.h's layouts (row-major or packed by amx_pack_a), B packed with K extent Bk;
+ * M, N, K multiples of 32. For the blocked whole-matrix GEMM (bf16_blocked.h) on CPUs without AMX. */
+void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M, int64_t N,
+                         int64_t K, bool accumulate);
 
 #endif

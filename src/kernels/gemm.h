@@ -28,9 +28,9 @@ typedef struct gemm_ctx gemm_ctx_t;
  *   AUTO    MKL on Intel CPUs where it loads, else oneDNN. On the Intel Xeon (AMX) VM MKL ran
  *           the qwen3-0.6b shapes 1.18x faster in fp32 and 1.42x in bf16 (bench/gemm_shapes);
  *           MKL's fast paths are Intel-only, so AMD keeps oneDNN (on the AVX2-only Zen 3 MKL's
- *           Zen kernels ran a step's worth 0.88-0.92x oneDNN's panels). On CPUs with AMX, AUTO also
- *           runs bf16 products whose M and N are multiples of 32 on our blocked tile kernel
- *           (amx_gemm.h), which beat MKL's there. */
+ *           Zen kernels ran a step's worth 0.88-0.92x oneDNN's panels). On CPUs with AMX or
+ *           AVX512-BF16, AUTO also runs bf16 products whose M and N are multiples of 32 on our
+ *           blocked kernel (bf16_blocked.h), which beat MKL's on AMX and oneDNN's on the Zen 4. */
 typedef enum { GEMM_LIB_AUTO, GEMM_LIB_ONEDNN, GEMM_LIB_MKL } gemm_library_t;
 
 /* "auto" | "onednn" | "mkl" -> the enum; -1 for anything else. */
@@ -77,13 +77,13 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate);
 
-/* Where gemm_bf16's products run, for the console; and whether our AMX kernel takes those it
- * can (GEMM_LIB_AUTO on a CPU with AMX). */
+/* Where gemm_bf16's products run, for the console; and whether our blocked kernel takes those
+ * it can (GEMM_LIB_AUTO on a CPU with AMX or AVX512-BF16). */
 const char *gemm_bf16_detail(const gemm_ctx_t *g);
 bool gemm_bf16_tiles(const gemm_ctx_t *g);
 
 /* Allocates and touches what this context's products need for a team of `threads` (with bf16,
- * the AMX kernel's packing space, 3 MiB a thread; the widening and staging scratch of
+ * our blocked kernel's packing space, 3 MiB a thread; the widening and staging scratch of
  * gemm_widen.h, 4.1 MiB a context, where bf16 products are widened or fp32 ones staged), so
  * that no step allocates or faults it in; false when out of memory. Without it the first
  * product allocates. */

@@ -5,7 +5,8 @@
  * changed in 3.x. */
 #include "kernels/gemm.h"
 #include "kernels/amx.h"
-#include "kernels/amx_gemm.h"
+#include "kernels/bf16_blocked.h"
+#include "kernels/dpbf16.h"
 #include "kernels/gemm_mkl.h"
 #include "kernels/gemm_widen.h"
 
@@ -32,7 +33,7 @@ struct gemm_ctx {
     int last_hit;
     const mkl_blas_t *mkl; /* set when MKL runs the products */
     bool mkl_panels;       /* ... in run_panels' shape-fixed panels, one sequential call each */
-    bool bf16_tiles;       /* bf16 products of whole 32-blocks run on amx_gemm.c */
+    bool bf16_tiles;       /* bf16 products of whole 32-blocks run on bf16_blocked.c (AMX or dpbf16) */
     bf16_t *tile_work;     /* its packing space, for tile_work_threads threads */
     int tile_work_threads;
     double nocopy_threshold; /* run_panels' copy_kernels() */
@@ -43,11 +44,11 @@ struct gemm_ctx {
     char detail[600], bf16_detail[400];
 };
 
-/* The AMX kernel's packing space for this many threads, allocated and touched once. */
+/* Our blocked kernel's packing space for this many threads, allocated and touched once. */
 static bool tile_work_for(gemm_ctx_t *g, int threads) {
     if (threads <= g->tile_work_threads) return true;
     free(g->tile_work);
-    size_t bytes = (size_t)threads * (size_t)amx_gemm_workspace_elems() * sizeof(bf16_t);
+    size_t bytes = (size_t)threads * (size_t)bf16_blocked_workspace_elems() * sizeof(bf16_t);
     g->tile_work = aligned_alloc(64, bytes);
     g->tile_work_threads = g->tile_work ? threads : 0;
     if (g->tile_work) memset(g->tile_work, 0, bytes);
@@ -125,10 +126,12 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     else
         snprintf(g->detail, sizeof g->detail, "onednn (%s)",
                  auto_wants_mkl ? "MKL not found" : "matmul primitive");
-    /* On AMX our blocked kernel beat MKL's bf16 products on qwen3-0.6b's shapes (amx_gemm.h),
-     * and MKL beat oneDNN's; auto takes it. A library named outright runs every product, so
-     * gemm_library=mkl or onednn is also how to measure the kernel against one. */
-    g->bf16_tiles = lib == GEMM_LIB_AUTO && amx_available();
+    /* Our blocked kernel beat MKL's bf16 products on qwen3-0.6b's shapes on AMX, where MKL beat
+     * oneDNN's, and oneDNN's on AVX512-BF16 (the Zen 4; bf16_blocked.h); auto takes it. A library named outright runs every product, so
+     * gemm_library=mkl or onednn is also how to measure the kernel against one. An Intel CPU
+     * with AVX512-BF16 but no AMX (Cooper Lake) keeps MKL's bf16, not measured against ours. */
+    const bool mkl_bf16 = g->mkl && mkl_has_bf16(g->mkl);
+    g->bf16_tiles = lib == GEMM_LIB_AUTO && (amx_available() || (dpbf16_available() && !mkl_bf16));
     char library_bf16[300];
     if (g->bf16_widens)
         snprintf(library_bf16, sizeof library_bf16, "emulated: bf16 operands widened to fp32, products in fp32 on %s "
@@ -139,8 +142,9 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     else
         snprintf(library_bf16, sizeof library_bf16, "%s", g->mkl && mkl_has_bf16(g->mkl) ? "mkl" : "onednn");
     if (g->bf16_tiles)
-        snprintf(g->bf16_detail, sizeof g->bf16_detail, "AMX tiles (stepscope's blocked kernel) where M and N are "
-                 "multiples of 32 and K at most 8192, else %s", library_bf16);
+        snprintf(g->bf16_detail, sizeof g->bf16_detail, "stepscope's blocked kernel on %s where M and N are "
+                 "multiples of 32 and K at most 8192, else %s",
+                 amx_available() ? "AMX tiles" : "AVX512-BF16 dot products", library_bf16);
     else
         snprintf(g->bf16_detail, sizeof g->bf16_detail, "%s", library_bf16);
     return g;
@@ -499,13 +503,13 @@ void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, i
 void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate) {
-    if (g->bf16_tiles && amx_gemm_bf16_fits(M, N, K)) {
+    if (g->bf16_tiles && bf16_blocked_fits(M, N, K)) {
         int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
         if (!tile_work_for(g, threads)) {
             fprintf(stderr, "stepscope: out of memory for %d threads' bf16 packing space\n", threads);
             abort();
         }
-        amx_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads);
+        bf16_blocked_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads);
         return;
     }
     gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate, .bf16_inputs = true,

@@ -150,7 +150,7 @@ static int64_t transpose_scratch_floats(const qwen3_dims_t *d, bool bf16) {
 
 /* Row stride of a bf16 matmul input with `cols` columns in s.in16 or s.dy16 where our AMX GEMM
  * runs the products (pad): off multiples of 2 KiB, so that it reads A's tiles in place instead
- * of packing them (amx_gemm.c: a_read_in_place; at 2 KiB multiples a 32-row block's lines
+ * of packing them (bf16_blocked.c: a_read_in_place; at 2 KiB multiples a 32-row block's lines
  * crowd two L1 sets). Every qwen3 width is such a multiple; 64 bytes of padding ran the
  * forward products 1.02-1.04x (interleaved probe) and leave neither thread an A to pack. The
  * libraries keep dense rows: oneDNN's sums come out in another order at a padded stride. */

@@ -1,10 +1,11 @@
-#include "kernels/amx_gemm.h"
+#include "kernels/bf16_blocked.h"
 
 #include <immintrin.h>
 #include <omp.h>
 #include <string.h>
 
 #include "kernels/amx.h"
+#include "kernels/dpbf16.h"
 
 /* Block extents, for a core's 2 MiB L2 and 48 KiB L1. Per slice of K (k_slice), a thread reads
  * a row-major A in place (a_read_in_place) or packs the narrower operand of its part of C whole
@@ -14,13 +15,26 @@ enum { MC = 256, NC = 512, KC = 1024, FULL = 1024, BLK = (MC > NC ? MC : NC) * K
 
 /* K ≤ K_MAX: the LM head's input gradient (K = the vocabulary, 151936) ran at 0.72-0.98x MKL's
  * rate here, in four interleaved runs; every other qwen3-0.6b product ran faster. */
-bool amx_gemm_bf16_fits(int64_t M, int64_t N, int64_t K) {
+bool bf16_blocked_fits(int64_t M, int64_t N, int64_t K) {
     return M > 0 && N > 0 && M % 32 == 0 && N % 32 == 0 && K <= K_MAX;
 }
 
-int64_t amx_gemm_workspace_elems(void) { return (int64_t)FULL * KC + BLK; }
+int64_t bf16_blocked_workspace_elems(void) { return (int64_t)FULL * KC + BLK; }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
+#endif
+
+#if defined(__AVX512BW__)
+/* A tile product on whichever unit runs them: AMX tiles, else AVX512-BF16 dot products. */
+static void block_product(bool amx, float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M,
+                          int64_t N, int64_t K, bool accumulate) {
+    if (amx) amx_tile_product(C, ldc, A, B, Bk, M, N, K, accumulate, true);
+    else dpbf16_tile_product(C, ldc, A, B, Bk, M, N, K, accumulate);
+}
+
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* The K slice for a thread's part of C, mt × nt: 512 deep, so that a 32-row block of A (32 KiB)
@@ -34,7 +48,11 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * per slice, which costs more than it saves where C is the traffic: the LM head's forward
  * (C = 352 × 151936 logits) ran 0.92x at 512, so parts of C over 8 M elements keep KC. Slicing
  * does not change a bit: C carries fp32 sums exactly from one slice to the next. */
-static int64_t k_slice(int64_t mt, int64_t nt) { return mt * nt > ((int64_t)8 << 20) ? KC : 512; }
+static int64_t k_slice(bool amx, int64_t mt, int64_t nt) {
+    /* AVX512-BF16 keeps 512 for every C: its tiles fetch C's lines ahead (dpbf16.c), and the LM
+     * head's forward ran 85% of the peak at 512 on the Zen 4. */
+    return amx && mt * nt > ((int64_t)8 << 20) ? KC : 512;
+}
 
 /* K rows [0, kw) and columns [0, nw) of op(B), packed with K extent amx_round32(kw). */
 static void pack_b(bf16_t *dst, bool trans, const bf16_t *B, int64_t ldb, int64_t nw, int64_t kw) {
@@ -61,8 +79,9 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
     const bool a_whole = !a_direct && mt <= FULL && mt <= nt, b_whole = !a_whole && nt <= FULL;
     const int64_t mstep = a_whole || a_direct ? mt : MC;
     bf16_t *Ap = a_whole ? full : blk, *Bp = a_whole ? blk : full;
-    amx_configure_full_tiles();
-    const int64_t kslice = k_slice(mt, nt);
+    const bool amx = amx_available();
+    if (amx) amx_configure_full_tiles();
+    const int64_t kslice = k_slice(amx, mt, nt);
     for (int64_t kc = 0; kc < K; kc += kslice) {
         int64_t kw = min64(kslice, K - kc), kwp = amx_round32(kw);
         bool load_c = accumulate || kc > 0;
@@ -75,7 +94,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
                 for (int64_t mc = m_lo; mc < m_hi; mc += MC) {
                     int64_t mw = min64(MC, m_hi - mc);
                     amx_pack_a(blk, trans_a, trans_a ? A + kc * lda + mc : A + mc * lda + kc, lda, mw, kw);
-                    amx_tile_product(C + mc * ldc + nc, ldc, amx_a_packed(blk, kwp), full, kwp, mw, nw, kwp, load_c, true);
+                    block_product(amx, C + mc * ldc + nc, ldc, amx_a_packed(blk, kwp), full, kwp, mw, nw, kwp, load_c);
                 }
             }
             continue;
@@ -91,15 +110,17 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
             for (int64_t nc = n_lo; nc < n_hi; nc += NC) {
                 int64_t nw = min64(NC, n_hi - nc);
                 if (!b_whole) pack_b(Bp, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw);
-                amx_tile_product(C + mc * ldc + nc, ldc, at, b_whole ? Bp + (nc - n_lo) / 16 * panel : Bp, kwp, mw, nw,
-                                 kwp, load_c, true);
+                block_product(amx, C + mc * ldc + nc, ldc, at, b_whole ? Bp + (nc - n_lo) / 16 * panel : Bp, kwp, mw,
+                              nw, kwp, load_c);
             }
         }
     }
-    _tile_release();
+#if HAVE_AMX
+    if (amx) _tile_release();
+#endif
 }
 
-void amx_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
+void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
                    const bf16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
                    int threads) {
     if (K <= 0) {
@@ -122,11 +143,11 @@ void amx_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
         int64_t lo = blocks * t / nt * 32, hi = blocks * (t + 1) / nt * 32;
         if (hi > lo)
             gemm_part(trans_a, trans_b, split_n ? 0 : lo, split_n ? M : hi, split_n ? lo : 0, split_n ? hi : N, K, A,
-                      lda, B, ldb, C, ldc, accumulate, workspace + t * amx_gemm_workspace_elems());
+                      lda, B, ldb, C, ldc, accumulate, workspace + t * bf16_blocked_workspace_elems());
     }
 }
 #else
-void amx_gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
+void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
                    const bf16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
                    int threads) {
     /* Unreachable: callers check amx_available(), false in a build without AMX. */
