@@ -240,10 +240,35 @@ struct qwen3_model {
      * stream, x2, ln, dres, dln), of attn and dattn, of h, of qkv and dqkv, of gate_up and
      * dgate_up. */
     int64_t ld_d, ld_hhd, ld_f, ld_qkv, ld_gate_up;
+    char rows_detail[200]; /* those strides in words, for the console (describe_rows) */
 };
 
 static float *layer_input(qwen3_model_t *m, int64_t l) { return m->stream + l * stream_floats(&m->d); }
 static layer_acts_t *acts_of(qwen3_model_t *m, int64_t l) { return &m->acts[m->opt.remat == QWEN3_REMAT_FULL ? 0 : l]; }
+
+/* The strides of m's activations in words (m->rows_detail): dense, every one padded, or which
+ * ones are, since the threshold (pad_from, from gemm_pad_rows_from) and the widths vary by CPU
+ * and model. */
+static void describe_rows(qwen3_model_t *m, int64_t pad_from) {
+    const qwen3_dims_t *d = &m->d;
+    const struct { const char *name; int64_t ld, cols; } acts[] = {
+        {"residual stream", m->ld_d, d->D},         {"attention output", m->ld_hhd, d->H * d->HD},
+        {"SwiGLU output", m->ld_f, d->F},           {"q/k/v", m->ld_qkv, (d->H + 2 * d->KV) * d->HD},
+        {"gate/up", m->ld_gate_up, 2 * d->F}};
+    const int n = (int)(sizeof acts / sizeof acts[0]);
+    char names[120] = "";
+    int padded = 0;
+    for (int i = 0; i < n; i++)
+        if (acts[i].ld != acts[i].cols) {
+            size_t used = strlen(names);
+            snprintf(names + used, sizeof names - used, "%s%s", padded++ ? ", " : "", acts[i].name);
+        }
+    if (!padded) snprintf(m->rows_detail, sizeof m->rows_detail, "dense");
+    else if (padded == n) snprintf(m->rows_detail, sizeof m->rows_detail, "padded, 64 bytes wider than their width");
+    else
+        snprintf(m->rows_detail, sizeof m->rows_detail,
+                 "padded where %lld floats or wider (%s, 64 bytes wider), the rest dense", (long long)pad_from, names);
+}
 
 /* ---- tracing helpers: one span per kernel call, FLOPs carried by matmuls ---- */
 #define SPAN(m, name_id, flops, call)                                                           \
@@ -370,6 +395,7 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     m->ld_f = row_stride(pad_from, d->F);
     m->ld_qkv = row_stride(pad_from, (d->H + 2 * d->KV) * d->HD);
     m->ld_gate_up = row_stride(pad_from, 2 * d->F);
+    describe_rows(m, pad_from);
     m->stream = acts;
     m->acts_base = acts + (d->L + 1) * stream_floats(d);
     scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, opt->remat, scratch);
@@ -395,12 +421,7 @@ void qwen3_destroy(qwen3_model_t *m) {
 
 bool qwen3_rows_padded(const qwen3_model_t *m) { return m->ld_d != m->d.D; }
 
-const char *qwen3_rows_detail(const qwen3_model_t *m) {
-    if (qwen3_rows_padded(m)) return "padded, 64 bytes wider than their width";
-    if (m->ld_qkv != (m->d.H + 2 * m->d.KV) * m->d.HD || m->ld_gate_up != 2 * m->d.F)
-        return "padded where 4096 floats or wider (q/k/v and gate/up, 64 bytes wider), the rest dense";
-    return "dense";
-}
+const char *qwen3_rows_detail(const qwen3_model_t *m) { return m->rows_detail; }
 
 const char *qwen3_attention_blocks(const qwen3_model_t *m) {
     if (m->thread_gemm) return "the matmul library, one context per thread";

@@ -634,6 +634,26 @@ def test_row_padding_layouts(tmp_path):
     assert raw["auto"] in (raw["dense"], raw["padded"])
 
 
+def test_row_padding_console_names_the_padded_activations(tmp_path):
+    """Under row_padding=auto the console names the layout from the strides that ran: dense,
+    every activation padded, or "padded where N floats or wider (...)" naming exactly the
+    activations at least N wide. A tiny model with a 4096-wide gate/up output (2 x 2048) puts
+    that one over the 4096 threshold of oneDNN's matmul primitive (AVX-512) and the rest under
+    it; other CPUs run it dense (MKL) or all padded (the AVX2 gemm driver)."""
+    dims = {"D": 64, "attention output": 4 * 16, "F": 2048, "q/k/v": (4 + 2 * 2) * 16, "gate/up": 2 * 2048}
+    r = train(tmp_path, "steps=1", "override_model_config=true", "base_mlp_dim=2048", "row_padding=auto")
+    m = re.search(r"^activation rows: (.*) \(row_padding=auto\)$", r.stdout, re.M)
+    assert m, r.stdout
+    line = m.group(1)
+    partial = re.fullmatch(r"padded where (\d+) floats or wider \((.*), 64 bytes wider\), the rest dense", line)
+    if partial:
+        names = {"D": "residual stream", "F": "SwiGLU output"}
+        wide = [names.get(k, k) for k, w in dims.items() if w >= int(partial.group(1))]
+        assert partial.group(2).split(", ") == wide, line
+    else:
+        assert line in ("dense", "padded, 64 bytes wider than their width"), line
+
+
 def test_step_ab_bench(tmp_path):
     """build/bench/step_ab alternates two configurations' steps in one process: it prints every
     round, the medians, and the last losses, which a layout-only difference leaves equal to
