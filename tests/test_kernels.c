@@ -200,8 +200,8 @@ static void test_gemm_bf16_vs_naive(void **state) {
     static const int64_t shapes[][3] = {{37, 53, 29}, {1, 1, 1}, {64, 48, 300}, {17, 5, 3}, {3, 130, 64}, {64, 96, 96}};
     test_rng_t rng = {2};
     gemm_ctx_t *g = new_gemm_of(state);
-    /* A library named outright runs every product itself, also where our AMX kernel would take
-     * the shape under gemm_library=auto (that kernel's test is test_bf16_blocked_vs_naive). */
+    /* A library named outright runs every product itself, also where our blocked kernel would
+     * take the shape under gemm_library=auto (that kernel's test is test_bf16_blocked_vs_naive). */
     assert_false(gemm_bf16_tiles(g));
     double worst = 0.0;
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
@@ -304,7 +304,7 @@ static void test_gemm_thread_count_bits(void **state) {
  * `threads` threads; C's row padding must stay untouched. Returns the relative Frobenius error
  * and leaves the result in *out (M × ldc) for comparisons across thread counts. */
 static double bf16_blocked_case(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad, bool acc, int threads,
-                            test_rng_t *rng, float **out) {
+                                test_rng_t *rng, float **out) {
     int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     int64_t na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb;
     float *A = falloc((size_t)na), *B = falloc((size_t)nb), *C = falloc((size_t)(M * ldc)), *Cref = falloc((size_t)(M * ldc));

@@ -7,8 +7,8 @@
  * of the tile unit's peak; this kernel ran a step's worth of them 1.04-1.15x as fast in
  * bench/gemm_shapes (interleaved call by call, five runs) and the step's matmuls 1.3x as fast in
  * two of three profiled runs. On the AMD EPYC Zen 4 (AVX512-BF16, no AMX) its dot-product tiles
- * ran them 1.09-1.13x oneDNN's bf16 matmul primitive (gemm_shapes, 2026-12-02), and whole bf16
- * training steps 1.07x (bench/step_ab; docs/speed.md).
+ * ran a step's worth 1.04-1.09x oneDNN's bf16 matmul primitive (gemm_shapes, three runs,
+ * 2026-12-02), and whole bf16 training steps 1.05-1.08x (bench/step_ab; docs/speed.md).
  *
  * The contract is gemm_bf16's (kernels/gemm.h): C[M,N] (+)= op(A)[M,K] · op(B)[K,N], A and B
  * bf16 row-major, C fp32. M and N must be multiples of 32 (bf16_blocked_fits); K is any,
@@ -32,7 +32,7 @@ int64_t bf16_blocked_workspace_elems(void);
 /* Runs on up to `threads` OpenMP threads (fewer inside a parallel region), thread t using
  * workspace + t · bf16_blocked_workspace_elems(). */
 void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
-                   const bf16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
-                   int threads);
+                       const bf16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
+                       int threads);
 
 #endif

@@ -114,7 +114,8 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
     g->nocopy_threshold = avx512 ? 0.00196 : 0.0038;
     g->avx512 = avx512;
-    g->bf16_widens = !(g->mkl && mkl_has_bf16(g->mkl)) && !onednn_has_bf16(g);
+    const bool mkl_bf16 = g->mkl && mkl_has_bf16(g->mkl);
+    g->bf16_widens = !mkl_bf16 && !onednn_has_bf16(g);
     if (g->mkl)
         snprintf(g->detail, sizeof g->detail, "mkl (%s%s%s)", mkl_blas_path(g->mkl),
                  g->mkl_panels ? "; not an Intel CPU: each product in shape-fixed panels, one thread each, so the "
@@ -127,10 +128,10 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
         snprintf(g->detail, sizeof g->detail, "onednn (%s)",
                  auto_wants_mkl ? "MKL not found" : "matmul primitive");
     /* Our blocked kernel beat MKL's bf16 products on qwen3-0.6b's shapes on AMX, where MKL beat
-     * oneDNN's, and oneDNN's on AVX512-BF16 (the Zen 4; bf16_blocked.h); auto takes it. A library named outright runs every product, so
-     * gemm_library=mkl or onednn is also how to measure the kernel against one. An Intel CPU
-     * with AVX512-BF16 but no AMX (Cooper Lake) keeps MKL's bf16, not measured against ours. */
-    const bool mkl_bf16 = g->mkl && mkl_has_bf16(g->mkl);
+     * oneDNN's, and oneDNN's on AVX512-BF16 (the Zen 4; bf16_blocked.h); auto takes it. A
+     * library named outright runs every product, so gemm_library=mkl or onednn is also how to
+     * measure the kernel against one. An Intel CPU with AVX512-BF16 but no AMX (Cooper Lake)
+     * keeps MKL's bf16, not measured against ours. */
     g->bf16_tiles = lib == GEMM_LIB_AUTO && (amx_available() || (dpbf16_available() && !mkl_bf16));
     char library_bf16[300];
     if (g->bf16_widens)
@@ -140,7 +141,7 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
                      ? "oneDNN has no bf16 matmul at the ISA it is capped to"
                      : "this CPU has no bf16 dot-product unit");
     else
-        snprintf(library_bf16, sizeof library_bf16, "%s", g->mkl && mkl_has_bf16(g->mkl) ? "mkl" : "onednn");
+        snprintf(library_bf16, sizeof library_bf16, "%s", mkl_bf16 ? "mkl" : "onednn");
     if (g->bf16_tiles)
         snprintf(g->bf16_detail, sizeof g->bf16_detail, "stepscope's blocked kernel on %s where M and N are "
                  "multiples of 32 and K at most 8192, else %s",

@@ -148,8 +148,8 @@ static int64_t transpose_scratch_floats(const qwen3_dims_t *d, bool bf16) {
     return !bf16 && wide_layer(d->D, d->F) ? T * d->D + T * d->F + d->F * d->D : 0;
 }
 
-/* Row stride of a bf16 matmul input with `cols` columns in s.in16 or s.dy16 where our AMX GEMM
- * runs the products (pad): off multiples of 2 KiB, so that it reads A's tiles in place instead
+/* Row stride of a bf16 matmul input with `cols` columns in s.in16 or s.dy16 where our blocked
+ * bf16 GEMM runs the products (pad; AMX or AVX512-BF16): off multiples of 2 KiB, so that it reads A's tiles in place instead
  * of packing them (bf16_blocked.c: a_read_in_place; at 2 KiB multiples a 32-row block's lines
  * crowd two L1 sets). Every qwen3 width is such a multiple; 64 bytes of padding ran the
  * forward products 1.02-1.04x (interleaved probe) and leave neither thread an A to pack. The
