@@ -245,6 +245,13 @@ void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t 
      * switch while it is live. */
     _tile_release();
 }
+
+void amx_gemm_configured(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
+                         int64_t N, int64_t K, bool accumulate) {
+    amx_tile_product(C, ldc, amx_a_row_major(A, lda), B, Bk, M, N, K, accumulate, false);
+}
+
+void amx_release_tiles(void) { _tile_release(); }
 #else
 void amx_configure_full_tiles(void) { __builtin_trap(); /* unreachable, as amx_gemm below */ }
 
@@ -260,4 +267,11 @@ void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t 
     (void)C, (void)ldc, (void)A, (void)lda, (void)B, (void)Bk, (void)M, (void)N, (void)K, (void)accumulate;
     __builtin_trap();
 }
+
+void amx_gemm_configured(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
+                         int64_t N, int64_t K, bool accumulate) {
+    amx_gemm(C, ldc, A, lda, B, Bk, M, N, K, accumulate); /* unreachable, as amx_gemm */
+}
+
+void amx_release_tiles(void) { __builtin_trap(); /* unreachable, as amx_gemm */ }
 #endif

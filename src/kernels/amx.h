@@ -79,6 +79,13 @@ void amx_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, i
 void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
               int64_t N, int64_t K, bool accumulate);
 
+/* amx_gemm on tiles the caller configured (amx_configure_full_tiles) and gives back after its
+ * run of products (amx_release_tiles): for kernels that make many block products in a row,
+ * where amx_gemm would configure and release the tiles around each one. */
+void amx_gemm_configured(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
+                         int64_t N, int64_t K, bool accumulate);
+void amx_release_tiles(void);
+
 /* A block product over these packed operands with amx_gemm's contract: amx_gemm on AMX tiles,
  * or dpbf16_gemm (kernels/dpbf16.h) on AVX512-BF16 dot products. */
 typedef void (*bf16_block_product_fn)(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B,

@@ -106,9 +106,9 @@ const char *attention_bf16_packed_kind(void) {
 /* thread_gemm NULL selects the packed kernel, which callers choose only where
  * attention_bf16_packed_available(); anywhere else its instructions would fault, so fail with a
  * message instead. */
-static bf16_block_product_fn packed_product(void) {
-    if (amx_available()) return amx_gemm;
-    if (dpbf16_available()) return dpbf16_gemm;
+static bf16_block_unit_t packed_product(void) {
+    if (amx_available()) return (bf16_block_unit_t){amx_gemm_configured, true};
+    if (dpbf16_available()) return (bf16_block_unit_t){dpbf16_gemm, false};
     fprintf(stderr, "stepscope: internal error: bf16 attention asked for its packed kernel on a CPU or build "
                     "with neither AMX nor AVX512-BF16\n");
     abort();

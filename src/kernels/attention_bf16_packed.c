@@ -28,7 +28,9 @@ enum { QB = ATTN_QBLOCK_BF16 };
  * start each 32-key column block of the diagonal at the first query that sees it. Over whole
  * 128-query blocks, the diagonal block's masked half was computed and thrown away: 11% of the
  * products at S = 1024 (1 / (S/128 + 1)); at 32 rows a quarter of that remains. Skipped terms
- * are zeros (masked P and dS), leading or trailing in each sum, so no bit changes. */
+ * are zeros (masked P and dS), leading or trailing in each sum, so no bit changes. On AMX each
+ * task configures the tiles once for its products (bf16_block_unit_t): the backward makes 22
+ * products a block this way, where amx_gemm would configure and release around each. */
 enum { SUB = 32 };
 static int64_t keys_seen(int64_t i0, int64_t r0) { return i0 + r0 + SUB; }
 
@@ -164,7 +166,8 @@ static void p_ds_and_pack(const packed_bufs_t *t, int64_t lf, int64_t lb, int64_
 
 void attention_forward_bf16_packed(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
                                    const float *k, int64_t ld_k, const float *v, int64_t ld_v, const attn_shape_t *a,
-                                   float *scratch, bf16_block_product_fn product) {
+                                   float *scratch, bf16_block_unit_t unit) {
+    const bf16_block_product_fn product = unit.product;
     const int64_t B = a->B, S = a->S, H = a->H, HD = a->HD, HDp = hd_pad(a), group = a->H / a->KV;
     const int64_t qblocks = (S + QB - 1) / QB, Sp = s_pad(a), lf = ld_f32(a), lb = ld_b16(a);
     const float scale = 1.0f / sqrtf((float)HD);
@@ -177,6 +180,7 @@ void attention_forward_bf16_packed(float *out, int64_t ld_out, float *lse, const
         int64_t nqp = amx_round32(nq), kp = amx_round32(kend);
         kv_packs_t pk = kv_packs(scratch, a, b, h / group);
         packed_bufs_t t = packed_bufs(scratch, a);
+        if (unit.amx_tiles) amx_configure_full_tiles();
         attention_rows_to_bf16(t.q16, HDp, q + (b * S + i0) * ld_q + h * HD, ld_q, nq, nqp, HD);
         staircase_scores(product, t.p, lf, t.q16, pk.kt, HDp, i0, nqp); /* scores = q·kᵀ */
         float inv_sum[QB];
@@ -195,6 +199,7 @@ void attention_forward_bf16_packed(float *out, int64_t ld_out, float *lse, const
             for (int64_t r = 0; r < nq; r++)
                 for (int64_t d = 0; d < HD; d++) op[r * ld_out + d] = t.res[r * HDp + d] * inv_sum[r];
         }
+        if (unit.amx_tiles) amx_release_tiles();
     }
 }
 
@@ -202,7 +207,8 @@ void attention_backward_bf16_packed(float *dq, int64_t ld_dq, float *dk, int64_t
                                     const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
                                     const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
                                     const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch,
-                                    bf16_block_product_fn product) {
+                                    bf16_block_unit_t unit) {
+    const bf16_block_product_fn product = unit.product;
     const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, HDp = hd_pad(a), group = a->H / a->KV;
     const int64_t qblocks = (S + QB - 1) / QB, Sp = s_pad(a), lf = ld_f32(a), lb = ld_b16(a);
     const float scale = 1.0f / sqrtf((float)HD);
@@ -216,6 +222,7 @@ void attention_backward_bf16_packed(float *dq, int64_t ld_dq, float *dk, int64_t
         packed_bufs_t t = packed_bufs(scratch, a);
         memset(t.dkt, 0, (size_t)(HDp * lf) * sizeof(float));
         memset(t.dvt, 0, (size_t)(HDp * lf) * sizeof(float));
+        if (unit.amx_tiles) amx_configure_full_tiles();
         for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
             const float *row_lse = lse + (b * H + h) * S;
             for (int64_t qb = 0; qb < qblocks; qb++) {
@@ -260,6 +267,7 @@ void attention_backward_bf16_packed(float *dq, int64_t ld_dq, float *dk, int64_t
                 }
             }
         }
+        if (unit.amx_tiles) amx_release_tiles();
         transpose_f32_serial(dk + b * S * ld_dk + kvh * HD, ld_dk, t.dkt, lf, HD, S);
         transpose_f32_serial(dv + b * S * ld_dv + kvh * HD, ld_dv, t.dvt, lf, HD, S);
     }

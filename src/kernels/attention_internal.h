@@ -48,15 +48,20 @@ void attention_copy_rows(float *dst, const float *src, int64_t ld, int64_t S, in
 
 /* bf16 attention with our own block products on pre-packed operands (attention_bf16_packed.c):
  * the contract of attention_forward_bf16 and attention_backward_bf16, for CPUs where
- * amx_available() (product amx_gemm) or dpbf16_available() (dpbf16_gemm). */
+ * amx_available() (product amx_gemm_configured, amx_tiles set: each task configures the tiles
+ * once for its run of products) or dpbf16_available() (dpbf16_gemm). */
+typedef struct {
+    bf16_block_product_fn product;
+    bool amx_tiles;
+} bf16_block_unit_t;
 int64_t attention_packed_scratch_floats(const attn_shape_t *a, int num_threads);
 void attention_forward_bf16_packed(float *out, int64_t ld_out, float *lse, const float *q, int64_t ld_q,
                                    const float *k, int64_t ld_k, const float *v, int64_t ld_v, const attn_shape_t *a,
-                                   float *scratch, bf16_block_product_fn product);
+                                   float *scratch, bf16_block_unit_t unit);
 void attention_backward_bf16_packed(float *dq, int64_t ld_dq, float *dk, int64_t ld_dk, float *dv, int64_t ld_dv,
                                     const float *dout, int64_t ld_dout, const float *out, int64_t ld_out,
                                     const float *lse, const float *q, int64_t ld_q, const float *k, int64_t ld_k,
                                     const float *v, int64_t ld_v, const attn_shape_t *a, float *scratch,
-                                    bf16_block_product_fn product);
+                                    bf16_block_unit_t unit);
 
 #endif
