@@ -54,7 +54,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1, help="rounds of all runs, interleaved")
     ap.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma list of {', '.join(RUNS)}")
-    ap.add_argument("--peak", type=float, default=0.446, help="fp32 peak TFLOP/s (this machine's 2 cores: 0.446)")
+    ap.add_argument("--peak", type=float, default=0.446, help="fp32 peak TFLOP/s (MACHINE.md's Zen 5, 2 cores: 0.446; a Zen 4's: 0.232)")
     ap.add_argument("--bf16-peak", type=float, default=None,
                     help="bf16 peak TFLOP/s; default 2 x --peak where the CPU has a bf16 unit (AVX512-BF16 or AMX), "
                          "else --peak (stepscope emulates bf16 at the fp32 rate there)")
@@ -76,6 +76,12 @@ def main():
     if a.passive:
         os.environ["OMP_WAIT_POLICY"] = "passive"
     bl.build()
+    # The default --peak is the Zen 5's of MACHINE.md; other CPUs these VMs land on have other
+    # peaks (the Zen 4's is 0.232), and an MFU against the wrong one misleads.
+    probe = bl.fma_probe(a.threads)
+    if probe and not 0.6 <= probe / a.peak <= 1.1:
+        bl.log(f"note: --peak {a.peak} TFLOP/s, but this CPU's FMA probe reads {probe:.3f} now; pass this "
+               f"CPU's peak as --peak (and --bf16-peak) for MFU figures against it")
     tmp = None if a.workdir else tempfile.TemporaryDirectory(prefix="vs_torch_")
     workdir = Path(a.workdir or tmp.name)
     workdir.mkdir(parents=True, exist_ok=True)

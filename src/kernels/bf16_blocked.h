@@ -22,8 +22,13 @@
 
 #include "kernels/bf16.h"
 
+/* The deepest K it takes: the LM head's input gradient (K = the vocabulary, 151936) ran at
+ * 0.72-0.98x MKL's rate on AMX (four interleaved runs) and was undecided against oneDNN on the
+ * Zen 4 (docs/speed.md), so it stays with the library. */
+enum { BF16_BLOCKED_K_MAX = 8192 };
+
 /* Whether bf16_blocked_gemm takes this shape (the caller also checks amx_available() or
- * dpbf16_available()). */
+ * dpbf16_available()): M and N multiples of 32, K at most BF16_BLOCKED_K_MAX. */
 bool bf16_blocked_fits(int64_t M, int64_t N, int64_t K);
 
 /* bf16 elements of packing space each thread needs; the caller gives threads × this. */

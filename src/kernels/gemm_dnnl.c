@@ -144,8 +144,8 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
         snprintf(library_bf16, sizeof library_bf16, "%s", mkl_bf16 ? "mkl" : "onednn");
     if (g->bf16_tiles)
         snprintf(g->bf16_detail, sizeof g->bf16_detail, "stepscope's blocked kernel on %s where M and N are "
-                 "multiples of 32 and K at most 8192, else %s",
-                 amx_available() ? "AMX tiles" : "AVX512-BF16 dot products", library_bf16);
+                 "multiples of 32 and K at most %d, else %s",
+                 amx_available() ? "AMX tiles" : "AVX512-BF16 dot products", (int)BF16_BLOCKED_K_MAX, library_bf16);
     else
         snprintf(g->bf16_detail, sizeof g->bf16_detail, "%s", library_bf16);
     return g;
