@@ -240,26 +240,41 @@ struct qwen3_model {
      * stream, x2, ln, dres, dln), of attn and dattn, of h, of qkv and dqkv, of gate_up and
      * dgate_up. */
     int64_t ld_d, ld_hhd, ld_f, ld_qkv, ld_gate_up;
-    char rows_detail[200]; /* those strides in words, for the console (describe_rows) */
+    char rows_detail[200]; /* those strides in words, for the console (set_row_strides) */
 };
 
 static float *layer_input(qwen3_model_t *m, int64_t l) { return m->stream + l * stream_floats(&m->d); }
 static layer_acts_t *acts_of(qwen3_model_t *m, int64_t l) { return &m->acts[m->opt.remat == QWEN3_REMAT_FULL ? 0 : l]; }
 
-/* The strides of m's activations in words (m->rows_detail): dense, every one padded, or which
- * ones are, since the threshold (pad_from, from gemm_pad_rows_from) and the widths vary by CPU
- * and model. */
-static void describe_rows(qwen3_model_t *m, int64_t pad_from) {
+/* The activations whose row stride row_padding chooses, each with its width: set and described
+ * from this one list (set_row_strides). */
+enum { ROW_KINDS = 5 };
+typedef struct {
+    const char *name;
+    int64_t *ld, cols;
+} row_kind_t;
+
+static void row_kinds(qwen3_model_t *m, row_kind_t kinds[ROW_KINDS]) {
     const qwen3_dims_t *d = &m->d;
-    const struct { const char *name; int64_t ld, cols; } acts[] = {
-        {"residual stream", m->ld_d, d->D},         {"attention output", m->ld_hhd, d->H * d->HD},
-        {"SwiGLU output", m->ld_f, d->F},           {"q/k/v", m->ld_qkv, (d->H + 2 * d->KV) * d->HD},
-        {"gate/up", m->ld_gate_up, 2 * d->F}};
-    const int n = (int)(sizeof acts / sizeof acts[0]);
+    kinds[0] = (row_kind_t){"residual stream", &m->ld_d, d->D};
+    kinds[1] = (row_kind_t){"attention output", &m->ld_hhd, d->H * d->HD};
+    kinds[2] = (row_kind_t){"SwiGLU output", &m->ld_f, d->F};
+    kinds[3] = (row_kind_t){"q/k/v", &m->ld_qkv, (d->H + 2 * d->KV) * d->HD};
+    kinds[4] = (row_kind_t){"gate/up", &m->ld_gate_up, 2 * d->F};
+}
+
+/* Sets the strides of m's activations, and describes them in words (m->rows_detail): dense,
+ * every one padded, or which ones are, since the threshold (pad_from, from gemm_pad_rows_from)
+ * and the widths vary by CPU and model. */
+static void set_row_strides(qwen3_model_t *m, int64_t pad_from) {
+    row_kind_t acts[ROW_KINDS];
+    row_kinds(m, acts);
+    const int n = ROW_KINDS;
+    for (int i = 0; i < n; i++) *acts[i].ld = row_stride(pad_from, acts[i].cols);
     char names[120] = "";
     int padded = 0;
     for (int i = 0; i < n; i++)
-        if (acts[i].ld != acts[i].cols) {
+        if (*acts[i].ld != acts[i].cols) {
             size_t used = strlen(names);
             snprintf(names + used, sizeof names - used, "%s%s", padded++ ? ", " : "", acts[i].name);
         }
@@ -390,12 +405,7 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     int64_t pad_from = opt->rows == QWEN3_ROWS_PADDED ? 0
                        : opt->rows == QWEN3_ROWS_AUTO && !opt->bf16 ? gemm_pad_rows_from(gemm)
                                                                     : INT64_MAX;
-    m->ld_d = row_stride(pad_from, d->D);
-    m->ld_hhd = row_stride(pad_from, d->H * d->HD);
-    m->ld_f = row_stride(pad_from, d->F);
-    m->ld_qkv = row_stride(pad_from, (d->H + 2 * d->KV) * d->HD);
-    m->ld_gate_up = row_stride(pad_from, 2 * d->F);
-    describe_rows(m, pad_from);
+    set_row_strides(m, pad_from);
     m->stream = acts;
     m->acts_base = acts + (d->L + 1) * stream_floats(d);
     scratch_bind(&m->s, d, opt->num_threads, opt->xent_chunk, opt->bf16, opt->remat, scratch);
