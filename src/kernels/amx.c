@@ -237,21 +237,21 @@ void amx_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, i
     else tile_product(C, ldc, A, B, Bk, M, N, K, accumulate, false);
 }
 
-void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
-              int64_t N, int64_t K, bool accumulate) {
-    amx_configure_full_tiles();
-    amx_tile_product(C, ldc, amx_a_row_major(A, lda), B, Bk, M, N, K, accumulate, false);
-    /* Leave the tile state unused between calls: the kernel saves 8 KiB more per context
-     * switch while it is live. */
-    _tile_release();
-}
-
 void amx_gemm_configured(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
                          int64_t N, int64_t K, bool accumulate) {
     amx_tile_product(C, ldc, amx_a_row_major(A, lda), B, Bk, M, N, K, accumulate, false);
 }
 
 void amx_release_tiles(void) { _tile_release(); }
+
+void amx_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t Bk, int64_t M,
+              int64_t N, int64_t K, bool accumulate) {
+    amx_configure_full_tiles();
+    amx_gemm_configured(C, ldc, A, lda, B, Bk, M, N, K, accumulate);
+    /* Leave the tile state unused between calls: the kernel saves 8 KiB more per context
+     * switch while it is live. */
+    amx_release_tiles();
+}
 #else
 void amx_configure_full_tiles(void) { __builtin_trap(); /* unreachable, as amx_gemm below */ }
 

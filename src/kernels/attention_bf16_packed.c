@@ -46,6 +46,14 @@ static void staircase_scores(bf16_block_product_fn product, float *C, int64_t ld
         product(C + r0 * ldc + i0, ldc, A + r0 * HDp, HDp, B + i0 * HDp, HDp, SUB, r0 + SUB, HDp, false);
 }
 
+/* C[rows × N] = A[rows × keys] · B (B packed with the keys as its K, extent Bk) on the staircase:
+ * each 32-row sub-block's sum stops at the last key it sees (its row of A is zeros past it). */
+static void staircase_over_keys(bf16_block_product_fn product, float *C, int64_t ldc, const bf16_t *A, int64_t lda,
+                                const bf16_t *B, int64_t Bk, int64_t N, int64_t i0, int64_t rows) {
+    for (int64_t r0 = 0; r0 < rows; r0 += SUB)
+        product(C + r0 * ldc, ldc, A + r0 * lda, lda, B, Bk, SUB, N, keys_seen(i0, r0), false);
+}
+
 /* Row strides: padded off multiples of 4 KiB, where 16 rows of a tile would share a cache set. */
 static int64_t s_pad(const attn_shape_t *a) { return amx_round32(a->S); }
 static int64_t ld_f32(const attn_shape_t *a) { return s_pad(a) + 16; }
@@ -190,12 +198,10 @@ void attention_forward_bf16_packed(float *out, int64_t ld_out, float *lse, const
         for (int64_t r = nq; r < nqp; r++) memset(p16 + r * lb, 0, (size_t)kp * sizeof(bf16_t));
         float *op = out + (b * S + i0) * ld_out + h * HD;
         if (nq == nqp && HD == HDp) { /* the usual case: tiles straight into the output */
-            for (int64_t r0 = 0; r0 < nq; r0 += SUB)
-                product(op + r0 * ld_out, ld_out, p16 + r0 * lb, lb, pk.v, Sp, SUB, HD, keys_seen(i0, r0), false);
+            staircase_over_keys(product, op, ld_out, p16, lb, pk.v, Sp, HD, i0, nq);
             attention_scale_rows(op, ld_out, nq, HD, inv_sum);
         } else {
-            for (int64_t r0 = 0; r0 < nqp; r0 += SUB)
-                product(t.res + r0 * HDp, HDp, p16 + r0 * lb, lb, pk.v, Sp, SUB, HDp, keys_seen(i0, r0), false);
+            staircase_over_keys(product, t.res, HDp, p16, lb, pk.v, Sp, HDp, i0, nqp);
             for (int64_t r = 0; r < nq; r++)
                 for (int64_t d = 0; d < HD; d++) op[r * ld_out + d] = t.res[r * HDp + d] * inv_sum[r];
         }
@@ -244,13 +250,9 @@ void attention_backward_bf16_packed(float *dq, int64_t ld_dq, float *dk, int64_t
                 p_ds_and_pack(&t, lf, lb, i0, nq, nqp, scale, row_lse, di);
                 float *dqp = dq + (b * S + i0) * ld_dq + h * HD;
                 if (nq == nqp && HD == HDp) {
-                    for (int64_t r0 = 0; r0 < nq; r0 += SUB) /* dQ = dS·K */
-                        product(dqp + r0 * ld_dq, ld_dq, t.ds16 + r0 * lb, lb, pk.k, Sp, SUB, HD, keys_seen(i0, r0),
-                                false);
+                    staircase_over_keys(product, dqp, ld_dq, t.ds16, lb, pk.k, Sp, HD, i0, nq); /* dQ = dS·K */
                 } else {
-                    for (int64_t r0 = 0; r0 < nqp; r0 += SUB)
-                        product(t.res + r0 * HDp, HDp, t.ds16 + r0 * lb, lb, pk.k, Sp, SUB, HDp, keys_seen(i0, r0),
-                                false);
+                    staircase_over_keys(product, t.res, HDp, t.ds16, lb, pk.k, Sp, HDp, i0, nqp);
                     for (int64_t r = 0; r < nq; r++)
                         memcpy(dqp + r * ld_dq, t.res + r * HDp, (size_t)HD * sizeof(float));
                 }

@@ -1,6 +1,5 @@
 #include "kernels/bf16_blocked.h"
 
-#include <immintrin.h>
 #include <omp.h>
 #include <string.h>
 
@@ -18,12 +17,6 @@ bool bf16_blocked_fits(int64_t M, int64_t N, int64_t K) {
 }
 
 int64_t bf16_blocked_workspace_elems(void) { return (int64_t)FULL * KC + BLK; }
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__)
-#define HAVE_AMX 1
-#else
-#define HAVE_AMX 0
-#endif
 
 #if defined(__AVX512BW__)
 /* A tile product on whichever unit runs them: AMX tiles, else AVX512-BF16 dot products. */
@@ -113,9 +106,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
             }
         }
     }
-#if HAVE_AMX
-    if (amx) _tile_release();
-#endif
+    if (amx) amx_release_tiles();
 }
 
 void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,

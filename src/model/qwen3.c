@@ -246,30 +246,16 @@ struct qwen3_model {
 static float *layer_input(qwen3_model_t *m, int64_t l) { return m->stream + l * stream_floats(&m->d); }
 static layer_acts_t *acts_of(qwen3_model_t *m, int64_t l) { return &m->acts[m->opt.remat == QWEN3_REMAT_FULL ? 0 : l]; }
 
-/* The activations whose row stride row_padding chooses, each with its width: set and described
- * from this one list (set_row_strides). */
-enum { ROW_KINDS = 5 };
-typedef struct {
-    const char *name;
-    int64_t *ld, cols;
-} row_kind_t;
-
-static void row_kinds(qwen3_model_t *m, row_kind_t kinds[ROW_KINDS]) {
-    const qwen3_dims_t *d = &m->d;
-    kinds[0] = (row_kind_t){"residual stream", &m->ld_d, d->D};
-    kinds[1] = (row_kind_t){"attention output", &m->ld_hhd, d->H * d->HD};
-    kinds[2] = (row_kind_t){"SwiGLU output", &m->ld_f, d->F};
-    kinds[3] = (row_kind_t){"q/k/v", &m->ld_qkv, (d->H + 2 * d->KV) * d->HD};
-    kinds[4] = (row_kind_t){"gate/up", &m->ld_gate_up, 2 * d->F};
-}
-
-/* Sets the strides of m's activations, and describes them in words (m->rows_detail): dense,
- * every one padded, or which ones are, since the threshold (pad_from, from gemm_pad_rows_from)
- * and the widths vary by CPU and model. */
+/* Sets the strides of m's activations from one list of them, and describes them in words
+ * (m->rows_detail): dense, every one padded, or which ones are, since the threshold (pad_from,
+ * from gemm_pad_rows_from) and the widths vary by CPU and model. */
 static void set_row_strides(qwen3_model_t *m, int64_t pad_from) {
-    row_kind_t acts[ROW_KINDS];
-    row_kinds(m, acts);
-    const int n = ROW_KINDS;
+    const qwen3_dims_t *d = &m->d;
+    const struct { const char *name; int64_t *ld, cols; } acts[] = {
+        {"residual stream", &m->ld_d, d->D},         {"attention output", &m->ld_hhd, d->H * d->HD},
+        {"SwiGLU output", &m->ld_f, d->F},           {"q/k/v", &m->ld_qkv, (d->H + 2 * d->KV) * d->HD},
+        {"gate/up", &m->ld_gate_up, 2 * d->F}};
+    const int n = (int)(sizeof acts / sizeof acts[0]);
     for (int i = 0; i < n; i++) *acts[i].ld = row_stride(pad_from, acts[i].cols);
     char names[120] = "";
     int padded = 0;
