@@ -6,17 +6,25 @@
 #include "kernels/amx.h"
 #include "kernels/dpbf16.h"
 
-/* Block extents, for a core's 2 MiB L2 and 48 KiB L1. Per slice of K (k_slice), a thread reads
- * a row-major A in place (a_read_in_place) or packs the narrower operand of its part of C whole
- * (up to FULL rows or columns) and the other MC rows or NC columns at a time; a tile product
- * then covers at most NC columns, whose B part stays in L2 while its rows go by. */
-enum { MC = 256, NC = 512, KC = 1024, FULL = 1024, BLK = (MC > NC ? MC : NC) * KC };
+/* Block extents, for a core's L2 (2 MiB on the Intel Xeon, 1 MiB on the Zen 4) and L1 (48 and
+ * 32 KiB). Per slice of K (k_slice), a thread reads a row-major A in place (a_read_in_place) or
+ * packs the narrower operand of its part of C whole (up to FULL rows or columns) and the other MC
+ * rows or NC columns at a time; a tile product then covers at most NC columns, whose B part stays
+ * in L2 while its rows go by. The whole-packed operand's space holds FULL × KC elements, or on
+ * AVX512-BF16 NC × DEEP_KC for the deep slices (k_slice). */
+enum { MC = 256, NC = 512, KC = 1024, FULL = 1024, DEEP_KC = 4096, BLK = (MC > NC ? MC : NC) * KC };
 
-bool bf16_blocked_fits(int64_t M, int64_t N, int64_t K) {
-    return M > 0 && N > 0 && M % 32 == 0 && N % 32 == 0 && K <= BF16_BLOCKED_K_MAX;
+/* The whole-packed operand's space: AMX takes no deep slices (bf16_blocked_fits). */
+static int64_t whole_elems(void) {
+    const int64_t shallow = (int64_t)FULL * KC, deep = (int64_t)NC * DEEP_KC;
+    return amx_available() || shallow > deep ? shallow : deep;
 }
 
-int64_t bf16_blocked_workspace_elems(void) { return (int64_t)FULL * KC + BLK; }
+bool bf16_blocked_fits(int64_t M, int64_t N, int64_t K) {
+    return M > 0 && N > 0 && M % 32 == 0 && N % 32 == 0 && (K <= BF16_BLOCKED_K_MAX_AMX || !amx_available());
+}
+
+int64_t bf16_blocked_workspace_elems(void) { return whole_elems() + BLK; }
 
 #if defined(__AVX512BW__)
 /* A tile product on whichever unit runs them: AMX tiles, else AVX512-BF16 dot products. */
@@ -39,9 +47,18 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * per slice, which costs more than it saves where C is the traffic: the LM head's forward
  * (C = 352 × 151936 logits) ran 0.92x at 512, so parts of C over 8 M elements keep KC. Slicing
  * does not change a bit: C carries fp32 sums exactly from one slice to the next. */
-static int64_t k_slice(bool amx, int64_t mt, int64_t nt) {
-    /* AVX512-BF16 keeps 512 for every C: its tiles fetch C's lines ahead (dpbf16.c), and the LM
-     * head's forward ran 85% of the peak at 512 on the Zen 4. */
+static int64_t k_slice(bool amx, int64_t mt, int64_t nt, int64_t K, bool a_direct, bool b_whole) {
+    /* AVX512-BF16 keeps 512 for every C of the layers: its tiles fetch C's lines ahead
+     * (dpbf16.c), and the LM head's forward ran 85% of the peak at 512 on the Zen 4. Where K is
+     * deeper than any layer's (the LM head's input gradient, K = the vocabulary, 151936), the
+     * C part (512 × 512 fp32 a thread, 1 MiB) would be loaded and stored once per 512 of K, 297
+     * times: its deep slices (A read in place, B packed whole up to DEEP_KC deep, 4 MiB) ran
+     * that product 1.17x oneDNN's matmul at 4096 and 1.10-1.12x at 2048, against 1.01-1.05x at
+     * 512 (a scratch probe on the Zen 4, call by call interleaved; docs/speed.md). */
+    if (!amx && K > BF16_BLOCKED_K_MAX_AMX && a_direct && b_whole) {
+        int64_t fit = whole_elems() / nt / 32 * 32;
+        return fit < DEEP_KC ? fit : DEEP_KC;
+    }
     return amx && mt * nt > ((int64_t)8 << 20) ? KC : 512;
 }
 
@@ -64,7 +81,7 @@ static bool a_read_in_place(bool trans_a, int64_t K, int64_t lda) { return !tran
 static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi, int64_t K,
                       const bf16_t *A, int64_t lda, const bf16_t *B, int64_t ldb, float *C, int64_t ldc,
                       bool accumulate, bf16_t *work) {
-    bf16_t *full = work, *blk = work + (int64_t)FULL * KC;
+    bf16_t *full = work, *blk = work + whole_elems();
     const int64_t mt = m_hi - m_lo, nt = n_hi - n_lo;
     const bool a_direct = a_read_in_place(trans_a, K, lda);
     const bool a_whole = !a_direct && mt <= FULL && mt <= nt, b_whole = !a_whole && nt <= FULL;
@@ -72,7 +89,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
     bf16_t *Ap = a_whole ? full : blk, *Bp = a_whole ? blk : full;
     const bool amx = amx_available();
     if (amx) amx_configure_full_tiles();
-    const int64_t kslice = k_slice(amx, mt, nt);
+    const int64_t kslice = k_slice(amx, mt, nt, K, a_direct, b_whole);
     for (int64_t kc = 0; kc < K; kc += kslice) {
         int64_t kw = min64(kslice, K - kc), kwp = amx_round32(kw);
         bool load_c = accumulate || kc > 0;

@@ -12,7 +12,7 @@
  *
  * The contract is gemm_bf16's (kernels/gemm.h): C[M,N] (+)= op(A)[M,K] · op(B)[K,N], A and B
  * bf16 row-major, C fp32. M and N must be multiples of 32 (bf16_blocked_fits); K is any,
- * though fits() leaves very deep products to the library.
+ * though fits() leaves very deep products to the library on AMX.
  * Each element of C sums its products in the same order whatever the thread count. */
 #ifndef STEPSCOPE_BF16_BLOCKED_H
 #define STEPSCOPE_BF16_BLOCKED_H
@@ -22,13 +22,14 @@
 
 #include "kernels/bf16.h"
 
-/* The deepest K it takes: the LM head's input gradient (K = the vocabulary, 151936) ran at
- * 0.72-0.98x MKL's rate on AMX (four interleaved runs) and was undecided against oneDNN on the
- * Zen 4 (docs/speed.md), so it stays with the library. */
-enum { BF16_BLOCKED_K_MAX = 8192 };
+/* The deepest K it takes on AMX: the LM head's input gradient (K = the vocabulary, 151936) ran
+ * at 0.72-0.98x MKL's rate there (four interleaved runs), so it stays with the library. On
+ * AVX512-BF16 dot products it takes any K, with deeper slices of K past this depth
+ * (bf16_blocked.c, k_slice). */
+enum { BF16_BLOCKED_K_MAX_AMX = 8192 };
 
 /* Whether bf16_blocked_gemm takes this shape (the caller also checks amx_available() or
- * dpbf16_available()): M and N multiples of 32, K at most BF16_BLOCKED_K_MAX. */
+ * dpbf16_available()): M and N multiples of 32, and on AMX K at most BF16_BLOCKED_K_MAX_AMX. */
 bool bf16_blocked_fits(int64_t M, int64_t N, int64_t K);
 
 /* bf16 elements of packing space each thread needs; the caller gives threads × this. */

@@ -142,12 +142,15 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
                      : "this CPU has no bf16 dot-product unit");
     else
         snprintf(library_bf16, sizeof library_bf16, "%s", mkl_bf16 ? "mkl" : "onednn");
-    if (g->bf16_tiles)
+    if (g->bf16_tiles) {
+        char k_limit[48] = "";
+        if (amx_available()) snprintf(k_limit, sizeof k_limit, " and K at most %d", (int)BF16_BLOCKED_K_MAX_AMX);
         snprintf(g->bf16_detail, sizeof g->bf16_detail, "stepscope's blocked kernel on %s where M and N are "
-                 "multiples of 32 and K at most %d, else %s",
-                 amx_available() ? "AMX tiles" : "AVX512-BF16 dot products", (int)BF16_BLOCKED_K_MAX, library_bf16);
-    else
+                 "multiples of 32%s, else %s", amx_available() ? "AMX tiles" : "AVX512-BF16 dot products", k_limit,
+                 library_bf16);
+    } else {
         snprintf(g->bf16_detail, sizeof g->bf16_detail, "%s", library_bf16);
+    }
     return g;
 }
 
