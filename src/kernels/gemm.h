@@ -17,7 +17,8 @@ typedef struct gemm_ctx gemm_ctx_t;
 /* Which library runs the products (config key gemm_library):
  *   ONEDNN  oneDNN's matmul primitive (Debian's libdnnl), on every x86-64 CPU; where it would
  *           run a product on its gemm driver rather than its brgemm kernels (every fp32 product
- *           without AVX512), in panels of single-threaded dnnl_sgemm fixed by the shape, since
+ *           without AVX512), and for the fp32 weight gradients dYᵀ·X with it (faster there on
+ *           AVX512 too, gemm_dnnl.c), in panels of single-threaded dnnl_sgemm fixed by the shape, since
  *           that driver splits K by thread count (a product the panels cannot split without leaving
  *           the driver's copy kernels runs as two fixed halves of K instead), and those its no-copy
  *           kernels would take with rows a multiple of 2 KiB staged in padded blocks first

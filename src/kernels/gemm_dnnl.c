@@ -125,8 +125,9 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
                  : g->bf16_widens     ? "; bf16 products widened to fp32"
                                       : "; bf16 products on oneDNN");
     else
-        snprintf(g->detail, sizeof g->detail, "onednn (%s)",
-                 auto_wants_mkl ? "MKL not found" : "matmul primitive");
+        snprintf(g->detail, sizeof g->detail, "onednn (%s%s)", auto_wants_mkl ? "MKL not found; " : "",
+                 avx512 ? "matmul primitive, fp32 weight gradients on its gemm driver in panels"
+                        : "gemm driver in panels");
     /* Our blocked kernel beat MKL's bf16 products on qwen3-0.6b's shapes on AMX, where MKL beat
      * oneDNN's, and oneDNN's on AVX512-BF16 (the Zen 4; bf16_blocked.h); auto takes it. A
      * library named outright runs every product, so gemm_library=mkl or onednn is also how to
