@@ -52,6 +52,12 @@ const char *gemm_library_detail(const gemm_ctx_t *g);
  * first: oneDNN 2.x ran them at half rate; MKL does not need it. */
 bool gemm_wide_gradients_slow(const gemm_ctx_t *g);
 
+/* Whether fp32 weight gradients dYᵀ·X run on oneDNN's gemm driver in panels where it would
+ * otherwise run them on its brgemm matmul (AVX512): on by default; bench/wgrad_driver turns it
+ * off in a second context to measure the two side by side. Set it before the context's first
+ * product: each shape keeps the choice made at its first call. */
+void gemm_set_weight_gradients_on_driver(gemm_ctx_t *g, bool on);
+
 /* The narrowest fp32 activation (C, and the transposed A of a weight gradient), in floats,
  * whose rows should run at a stride off the 2 KiB multiples (qwen3_padded_width;
  * row_padding=auto pads the activations at least this wide); INT64_MAX for none. oneDNN's gemm

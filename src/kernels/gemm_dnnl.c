@@ -38,6 +38,7 @@ struct gemm_ctx {
     int tile_work_threads;
     double nocopy_threshold; /* run_panels' copy_kernels() */
     bool avx512;             /* oneDNN's ISA: fp32 products on its brgemm kernels */
+    bool wgrad_on_driver;    /* ... but the weight gradients on its gemm driver (weight_gradient_on_driver) */
     bool bf16_widens;      /* no library runs bf16 products here: gemm_widen.h does */
     float *widen_work;     /* its scratch, GEMM_WIDEN_FLOATS */
     float *ksplit_work;    /* run_panels' second K half, KSPLIT_FLOATS */
@@ -114,6 +115,7 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
     g->nocopy_threshold = avx512 ? 0.00196 : 0.0038;
     g->avx512 = avx512;
+    g->wgrad_on_driver = true;
     const bool mkl_bf16 = g->mkl && mkl_has_bf16(g->mkl);
     g->bf16_widens = !mkl_bf16 && !onednn_has_bf16(g);
     if (g->mkl)
@@ -271,8 +273,11 @@ static bool copy_kernels(const gemm_ctx_t *g, int64_t rows, int64_t cols);
  * four such products 1.03-1.18x oneDNN's brgemm matmul (two interleaved runs of a scratch probe,
  * dense rows; the LM head's [151936 × 1024 × 512] 1.12-1.28x, the layers' 1.03-1.13x). */
 static bool weight_gradient_on_driver(const gemm_ctx_t *g, const gemm_entry_t *key) {
-    return g->avx512 && !key->bf16_inputs && key->trans_a && !key->trans_b && copy_kernels(g, key->M, key->N);
+    return g->avx512 && g->wgrad_on_driver && !key->bf16_inputs && key->trans_a && !key->trans_b &&
+           copy_kernels(g, key->M, key->N);
 }
+
+void gemm_set_weight_gradients_on_driver(gemm_ctx_t *g, bool on) { g->wgrad_on_driver = on; }
 
 static gemm_entry_t *create_entry(gemm_ctx_t *g, const gemm_entry_t *key) {
     if (g->num_entries == g->cap_entries) {
