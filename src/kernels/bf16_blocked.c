@@ -47,16 +47,17 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * per slice, which costs more than it saves where C is the traffic: the LM head's forward
  * (C = 352 × 151936 logits) ran 0.92x at 512, so parts of C over 8 M elements keep KC. Slicing
  * does not change a bit: C carries fp32 sums exactly from one slice to the next. */
-static int64_t k_slice(bool amx, int64_t mt, int64_t nt, int64_t K, bool a_direct, bool b_whole) {
+static int64_t k_slice(bool amx, int64_t mt, int64_t nt, int64_t K, bool a_direct, bool b_whole, int64_t whole) {
     /* AVX512-BF16 keeps 512 for every C of the layers: its tiles fetch C's lines ahead
      * (dpbf16.c), and the LM head's forward ran 85% of the peak at 512 on the Zen 4. Where K is
      * deeper than any layer's (the LM head's input gradient, K = the vocabulary, 151936), the
      * C part (512 × 512 fp32 a thread, 1 MiB) would be loaded and stored once per 512 of K, 297
      * times: its deep slices (A read in place, B packed whole up to DEEP_KC deep, 4 MiB) ran
      * that product 1.17x oneDNN's matmul at 4096 and 1.10-1.12x at 2048, against 1.01-1.05x at
-     * 512 (a scratch probe on the Zen 4, call by call interleaved; docs/speed.md). */
+     * 512 (a scratch probe on the Zen 4, call by call interleaved; docs/speed.md). `whole` is the
+     * whole-packed operand's space (whole_elems), which caps the slice. */
     if (!amx && K > BF16_BLOCKED_K_MAX_AMX && a_direct && b_whole) {
-        int64_t fit = whole_elems() / nt / 32 * 32;
+        int64_t fit = whole / nt / 32 * 32;
         return fit < DEEP_KC ? fit : DEEP_KC;
     }
     return amx && mt * nt > ((int64_t)8 << 20) ? KC : 512;
@@ -81,7 +82,8 @@ static bool a_read_in_place(bool trans_a, int64_t K, int64_t lda) { return !tran
 static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi, int64_t K,
                       const bf16_t *A, int64_t lda, const bf16_t *B, int64_t ldb, float *C, int64_t ldc,
                       bool accumulate, bf16_t *work) {
-    bf16_t *full = work, *blk = work + whole_elems();
+    const int64_t whole = whole_elems();
+    bf16_t *full = work, *blk = work + whole;
     const int64_t mt = m_hi - m_lo, nt = n_hi - n_lo;
     const bool a_direct = a_read_in_place(trans_a, K, lda);
     const bool a_whole = !a_direct && mt <= FULL && mt <= nt, b_whole = !a_whole && nt <= FULL;
@@ -89,7 +91,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
     bf16_t *Ap = a_whole ? full : blk, *Bp = a_whole ? blk : full;
     const bool amx = amx_available();
     if (amx) amx_configure_full_tiles();
-    const int64_t kslice = k_slice(amx, mt, nt, K, a_direct, b_whole);
+    const int64_t kslice = k_slice(amx, mt, nt, K, a_direct, b_whole, whole);
     for (int64_t kc = 0; kc < K; kc += kslice) {
         int64_t kw = min64(kslice, K - kc), kwp = amx_round32(kw);
         bool load_c = accumulate || kc > 0;

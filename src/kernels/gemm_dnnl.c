@@ -19,8 +19,9 @@
 typedef struct gemm_entry {
     bool trans_a, trans_b, accumulate, bf16_inputs;
     int64_t M, N, K, lda, ldb, ldc;
-    /* NULL where oneDNN would run the product on its gemm driver (or has no kernel for it):
-     * fp32 then runs in panels (run_panels), bf16 widened to fp32 (gemm_widen.h). */
+    /* NULL where oneDNN would run the product on its gemm driver (or has no kernel for it), and
+     * for the fp32 weight gradients sent there (weight_gradient_on_driver): fp32 then runs in
+     * panels (run_panels), bf16 widened to fp32 (gemm_widen.h). */
     dnnl_primitive_t prim;
     dnnl_memory_t mem_a, mem_b, mem_c;
 } gemm_entry_t;
