@@ -42,11 +42,9 @@ void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, co
 #if defined(__AVX512BF16__)
     /* 16 columns of both rows: convert them together (the low half of the result is r0, the
      * high half r1) and interleave them into the 16 (r0, r1) pairs of one packed tile row. */
-    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                                22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (; r0 && r1 && n + 16 <= N; n += 16) {
         __m512i both = bf16x32_from_ps(_mm512_loadu_ps(r0 + n), _mm512_loadu_ps(r1 + n));
-        _mm512_storeu_si512((void *)(dst + packed_index(Kp, k, n)), _mm512_permutexvar_epi16(interleave, both));
+        _mm512_storeu_si512((void *)(dst + packed_index(Kp, k, n)), bf16x32_interleave_halves(both));
     }
 #endif
     for (; n < Np; n++) {

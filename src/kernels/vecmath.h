@@ -162,6 +162,13 @@ static inline __m512i bf16x32_from_ps(__m512 lo, __m512 hi) {
     }
     return r;
 }
+/* The 16 (lo[c], hi[c]) pairs of a bf16x32_from_ps(lo, hi) result, in column order: one row of
+ * a packed tile (amx.h's layout), whose 32-bit words each hold a pair of rows' values. */
+static inline __m512i bf16x32_interleave_halves(__m512i both) {
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(order, both);
+}
 #endif
 
 /* Rounds x to bf16 (nearest even, NaN kept quiet, as bf16_from_f32) into dst[VF_LANES]. */
