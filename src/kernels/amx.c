@@ -32,10 +32,6 @@ bool amx_available(void) {
     return amx_ok;
 }
 
-static inline int64_t packed_index(int64_t Kp, int64_t k, int64_t n) {
-    return ((n / 16) * (Kp / 2) + k / 2) * 32 + (n % 16) * 2 + k % 2;
-}
-
 void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, const float *r1, int64_t N,
                          int64_t Np) {
     int64_t n = 0;
@@ -44,13 +40,13 @@ void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, co
      * high half r1) and interleave them into the 16 (r0, r1) pairs of one packed tile row. */
     for (; r0 && r1 && n + 16 <= N; n += 16) {
         __m512i both = bf16x32_from_ps(_mm512_loadu_ps(r0 + n), _mm512_loadu_ps(r1 + n));
-        _mm512_storeu_si512((void *)(dst + packed_index(Kp, k, n)), bf16x32_interleave_halves(both));
+        _mm512_storeu_si512((void *)(dst + amx_packed_index(Kp, k, n)), bf16x32_interleave_halves(both));
     }
 #endif
     for (; n < Np; n++) {
         bool in = n < N;
-        dst[packed_index(Kp, k, n)] = r0 && in ? bf16_from_f32(r0[n]) : 0;
-        dst[packed_index(Kp, k + 1, n)] = r1 && in ? bf16_from_f32(r1[n]) : 0;
+        dst[amx_packed_index(Kp, k, n)] = r0 && in ? bf16_from_f32(r0[n]) : 0;
+        dst[amx_packed_index(Kp, k + 1, n)] = r1 && in ? bf16_from_f32(r1[n]) : 0;
     }
 }
 

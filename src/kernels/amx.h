@@ -23,6 +23,11 @@ bool amx_available(void);
 
 static inline int64_t amx_round32(int64_t n) { return (n + 31) / 32 * 32; }
 
+/* Where element (k, n) of a packed B with K extent Kp sits (the layout above). */
+static inline int64_t amx_packed_index(int64_t Kp, int64_t k, int64_t n) {
+    return ((n / 16) * (Kp / 2) + k / 2) * 32 + (n % 16) * 2 + k % 2;
+}
+
 /* B = srcᵀ packed: src is [N rows, K columns] (row stride ld), B[k][n] = src[n][k]; Kp =
  * amx_round32(K), and B is zero-padded to Kp × amx_round32(N), the elements dst holds. */
 void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t K);

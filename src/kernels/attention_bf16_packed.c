@@ -185,12 +185,12 @@ static void p_ds_and_pack(const packed_bufs_t *t, int64_t lf, int64_t lb, int64_
                 /* Masked keys' dP is selected away, not multiplied by a zero P. */
                 const __m512 dp = _mm512_loadu_ps(t->dp + (r + i) * lf + j);
                 const __m512 d = _mm512_mul_ps(_mm512_mul_ps(sc, p[i]), _mm512_sub_ps(dp, _mm512_set1_ps(di[r + i])));
-                ds[i] = _mm512_maskz_mov_ps(n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1u), d);
+                ds[i] = _mm512_maskz_mov_ps(vf_mask_(n), d);
             }
             const __m512i p16 = bf16x32_from_ps(p[0], p[1]), ds16 = bf16x32_from_ps(ds[0], ds[1]);
             _mm256_storeu_si256((__m256i *)(t->ds16 + r * lb + j), _mm512_castsi512_si256(ds16));
             _mm256_storeu_si256((__m256i *)(t->ds16 + (r + 1) * lb + j), _mm512_extracti64x4_epi64(ds16, 1));
-            const int64_t at = ((j / 16) * (nqp / 2) + r / 2) * 32; /* keys j.., query pair r in the packed B */
+            const int64_t at = amx_packed_index(nqp, r, j); /* keys j.., query pair r in the packed B */
             _mm512_storeu_si512((void *)(t->ds_packed + at), bf16x32_interleave_halves(ds16));
             _mm512_storeu_si512((void *)(t->p_packed + at), bf16x32_interleave_halves(p16));
         }
@@ -207,7 +207,7 @@ static void p_ds_and_pack(const packed_bufs_t *t, int64_t lf, int64_t lb, int64_
                                      scale, row < nq ? row_lse[i0 + row] : 0.0f, scale, di[row]);
                 bf16_from_f32_block(t->ds16 + row * lb + j0, ds[i], n);
             }
-            const int64_t panels = j0 / 16 * (nqp / 2) * 32;
+            const int64_t panels = amx_packed_index(nqp, 0, j0);
             amx_pack_b_f32_pair(t->ds_packed + panels, nqp, r, ds[0], ds[1], n, n);
             amx_pack_b_f32_pair(t->p_packed + panels, nqp, r, p[0], p[1], n, n);
         }
