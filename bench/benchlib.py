@@ -170,6 +170,18 @@ def torch_env(threads):
     return env, allocator
 
 
+def require_torch(python="python3"):
+    """Exits with one line naming what is missing when the torch reference cannot start, before
+    any run: otherwise every torch run of a half-hour benchmark fails on its own import after
+    stepscope's runs have been timed. tools/install_deps.sh does not install torch (a 1-4 GiB
+    wheel the tests never need); the reference imports numpy too."""
+    r = subprocess.run([python, "-c", "import numpy, torch"], capture_output=True, text=True)
+    if r.returncode != 0:
+        missing = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
+        sys.exit(f"bench: the PyTorch reference cannot start in {python} ({missing}); "
+                 f"install it with: {python} -m pip install torch numpy")
+
+
 def run_torch(overrides, workdir, name, threads, mode="eager", dtype="float32", rss_cap=None, timeout=None,
               python="python3"):
     """One run of the PyTorch reference in a child process under the caching allocator."""

@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra stepscope override")
     ap.add_argument("--workdir", help="keep logs here (default: a temporary folder, removed)")
     a = ap.parse_args()
+    if a.torch_seqs:
+        bl.require_torch()
     bl.build()
     tmp = None if a.workdir else tempfile.TemporaryDirectory(prefix="max_fit_")
     workdir = Path(a.workdir or tmp.name)

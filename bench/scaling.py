@@ -52,6 +52,8 @@ def main():
     a = ap.parse_args()
     if a.steps < 2:
         ap.error("--steps must be at least 2 (step 0 is left out of the median)")
+    if a.torch:
+        bl.require_torch()
     bl.build()
     tmp = None if a.workdir else tempfile.TemporaryDirectory(prefix="scaling_")
     workdir = Path(a.workdir or tmp.name)

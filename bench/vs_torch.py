@@ -75,6 +75,8 @@ def main():
     bf16_peak = a.bf16_peak or (2 * a.peak if cpu_has_bf16_unit() else a.peak)
     if a.passive:
         os.environ["OMP_WAIT_POLICY"] = "passive"
+    if any(RUNS[r][0] == "torch" for r in runs):
+        bl.require_torch()
     bl.build()
     # The default --peak is the Zen 5's of MACHINE.md; other CPUs these VMs land on have other
     # peaks (the Zen 4's is 0.232), and an MFU against the wrong one misleads.
