@@ -8,7 +8,9 @@
  * bench/gemm_shapes (interleaved call by call, five runs) and the step's matmuls 1.3x as fast in
  * two of three profiled runs. On the AMD EPYC Zen 4 (AVX512-BF16, no AMX) its dot-product tiles
  * ran a step's worth 1.04-1.09x oneDNN's bf16 matmul primitive (gemm_shapes, three runs,
- * 2026-12-02), and whole bf16 training steps 1.05-1.08x (bench/step_ab; docs/speed.md).
+ * 2026-12-02), and whole bf16 training steps 1.05-1.08x (bench/step_ab; docs/speed.md); on the
+ * Zen 5, a step's worth 1.11x oneDNN's (gemm_shapes, 2026-12-03, with the tile's two-level K loop
+ * of dpbf16.c).
  *
  * The contract is gemm_bf16's (kernels/gemm.h): C[M,N] (+)= op(A)[M,K] · op(B)[K,N], A and B
  * bf16 row-major, C fp32. M and N must be multiples of 32 (bf16_blocked_fits); K is any,

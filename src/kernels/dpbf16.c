@@ -32,16 +32,25 @@ static inline __attribute__((always_inline)) void tile(float *c, int64_t ldc, co
         _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
         _mm_prefetch((const char *)(c + r * ldc + 16), _MM_HINT_T0);
     }
-    /* One k pair a step, as the attention kernel's products ran fastest (a loop of 32-deep steps
-     * with the pairs inside ran them 0.95-0.99x, bench/bf16_blocks). */
-    for (int64_t k = 0; k < K; k += 2) {
-        const bf16_t *ak = gemm ? a + (k >> 5) * k_step + (k & 31) : a + k;
-        __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + k * 16), x1 = (__m512bh)_mm512_loadu_si512(b1 + k * 16);
+    /* The blocked GEMM's A comes in 32-deep steps k_step apart, walked as a loop of steps with
+     * a loop of 16 k pairs inside at fixed offsets: one loop whose A address took
+     * (k >> 5) · k_step + (k & 31) each pair ran a block product at 74-78% of a Zen 5 core's
+     * peak where this ran 90-96% (a scratch probe, 1024 × 512 × 512 blocks, A packed and in
+     * place; docs/speed.md). Attention's products (A row-major) keep one k pair a step, as they
+     * ran fastest (a loop of 32-deep steps with the pairs inside ran them 0.95-0.99x,
+     * bench/bf16_blocks). */
+    const int64_t step = gemm ? 32 : K;
+    for (int64_t ks = 0; ks < K; ks += step) {
+        const bf16_t *as = a + (gemm ? (ks >> 5) * k_step : 0), *bs0 = b0 + ks * 16, *bs1 = b1 + ks * 16;
+#pragma GCC unroll 1
+        for (int64_t k = 0; k < step; k += 2) {
+            __m512bh x0 = (__m512bh)_mm512_loadu_si512(bs0 + k * 16), x1 = (__m512bh)_mm512_loadu_si512(bs1 + k * 16);
 #pragma GCC unroll 8
-        for (int r = 0; r < MR; r++) {
-            __m512bh y = a_pair(ak + r * rs);
-            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], y, x0);
-            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], y, x1);
+            for (int r = 0; r < MR; r++) {
+                __m512bh y = a_pair(as + k + r * rs);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], y, x0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], y, x1);
+            }
         }
     }
 #pragma GCC unroll 8
