@@ -654,6 +654,25 @@ static double rms_loss(void *p) {
     return dot_2d(x->out, c->ld_out, x->R, c->ld_dout, c->T, c->G * c->N);
 }
 
+
+/* The backwards with their partials scratch allocated for the call. */
+static void rmsnorm_backward_scratch(float *dinp, int64_t ld_dinp, bool accumulate_dinp, float *dweight,
+                                     const float *dout, int64_t ld_dout, const float *inp, int64_t ld_in,
+                                     const float *weight, const float *rstd, int64_t T, int64_t G, int64_t N) {
+    float *partials = falloc((size_t)rmsnorm_backward_partials(T, G, N));
+    rmsnorm_backward(dinp, ld_dinp, accumulate_dinp, dweight, dout, ld_dout, inp, ld_in, weight, rstd, T, G, N,
+                     partials);
+    free(partials);
+}
+static void rmsnorm_rope_backward_scratch(float *dinp, int64_t ld_dinp, float *dweight, const float *dout,
+                                          int64_t ld_dout, const float *inp, int64_t ld_in, const float *weight,
+                                          const float *rstd, const float *cos_table, const float *sin_table, int64_t T,
+                                          int64_t S, int64_t G, int64_t N) {
+    float *partials = falloc((size_t)rmsnorm_backward_partials(T, G, N));
+    rmsnorm_rope_backward(dinp, ld_dinp, dweight, dout, ld_dout, inp, ld_in, weight, rstd, cos_table, sin_table, T, S,
+                          G, N, partials);
+    free(partials);
+}
 /* Forward against double: mean(x²) sums N ≤ 130 float squares (≤ N·ε/2 ≈ 8e-6 relative,
  * half of it on rstd), then two roundings per output; bound 1e-5. */
 static void test_rmsnorm_forward(void **state) {
@@ -715,7 +734,7 @@ static void test_rmsnorm_backward_fd(void **state) {
         fill_const(dinp, (size_t)(T * c->ld_dinp), SENTINEL);
         fill_const(dw, (size_t)N, 0.0f);
         rms_loss(&x); /* rstd for the backward */
-        rmsnorm_backward(dinp, c->ld_dinp, false, dw, x.R, c->ld_dout, x.inp, c->ld_in, x.weight, x.rstd, T, G, N);
+        rmsnorm_backward_scratch(dinp, c->ld_dinp, false, dw, x.R, c->ld_dout, x.inp, c->ld_in, x.weight, x.rstd, T, G, N);
         assert_true(padding_intact(dinp, T, W, c->ld_dinp, SENTINEL));
 
         /* fd_check reads the gradient at the input's index: lay dinp out with ld_in. */
@@ -739,7 +758,7 @@ static void test_rmsnorm_backward_fd(void **state) {
         fill_uniform(W0, (size_t)N, &rng, -1.0f, 1.0f);
         memcpy(dinp2, D0, (size_t)(T * c->ld_dinp) * sizeof(float));
         memcpy(dw2, W0, (size_t)N * sizeof(float));
-        rmsnorm_backward(dinp2, c->ld_dinp, true, dw2, x.R, c->ld_dout, x.inp, c->ld_in, x.weight, x.rstd, T, G, N);
+        rmsnorm_backward_scratch(dinp2, c->ld_dinp, true, dw2, x.R, c->ld_dout, x.inp, c->ld_in, x.weight, x.rstd, T, G, N);
         for (int64_t t = 0; t < T; t++)
             for (int64_t i = 0; i < c->ld_dinp; i++) {
                 size_t k = (size_t)(t * c->ld_dinp + i);
@@ -835,11 +854,48 @@ static void test_rmsnorm_in_place(void **state) {
         memcpy(buf, dout, n * sizeof(float));
         fill_const(dw, (size_t)N, 0.5f);
         fill_const(dw2, (size_t)N, 0.5f);
-        rmsnorm_backward(dinp, ld, false, dw, dout, ld, inp, ld, w, rstd, T, G, N);
-        rmsnorm_backward(buf, ld, false, dw2, buf, ld, inp, ld, w, rstd, T, G, N);
+        rmsnorm_backward_scratch(dinp, ld, false, dw, dout, ld, inp, ld, w, rstd, T, G, N);
+        rmsnorm_backward_scratch(buf, ld, false, dw2, buf, ld, inp, ld, w, rstd, T, G, N);
         assert_memory_equal(dinp, buf, n * sizeof(float));
         assert_memory_equal(dw, dw2, (size_t)N * sizeof(float));
         free(inp), free(out), free(buf), free(w), free(rstd), free(rstd2), free(dout), free(dinp), free(dw), free(dw2);
+    }
+}
+
+/* The fused qk-norm + rope against the two kernels one after the other: the same bits in the
+ * output, rstd, the input gradient (in place, as the model runs it) and dweight (added to
+ * nonzero sums). B = 2 sequences of S = 5 (positions wrap), G = 3 heads of N = 16 and 128
+ * (Qwen3's head_dim), rows padded (ld > G·N). */
+static void test_rmsnorm_rope_fused_bits(void **state) {
+    (void)state;
+    test_rng_t rng = {60};
+    static const int64_t Ns[] = {16, 128};
+    for (int ni = 0; ni < 2; ni++) {
+        const int64_t B = 2, S = 5, T = B * S, G = 3, N = Ns[ni], ld = G * N + 8;
+        const size_t n = (size_t)(T * ld);
+        float *x = falloc(n), *w = falloc((size_t)N), *ct = falloc((size_t)(S * N / 2)), *st = falloc((size_t)(S * N / 2));
+        float *y_ref = falloc(n), *y = falloc(n), *r_ref = falloc((size_t)(T * G)), *r = falloc((size_t)(T * G));
+        float *d_ref = falloc(n), *d = falloc(n), *dw_ref = falloc((size_t)N), *dw = falloc((size_t)N);
+        fill_uniform(x, n, &rng, -2.0f, 2.0f);
+        fill_uniform(w, (size_t)N, &rng, 0.5f, 1.5f);
+        fill_uniform(d_ref, n, &rng, -1.0f, 1.0f);
+        fill_uniform(dw_ref, (size_t)N, &rng, -1.0f, 1.0f);
+        memcpy(d, d_ref, n * sizeof(float));
+        memcpy(dw, dw_ref, (size_t)N * sizeof(float));
+        rope_tables(ct, st, S, N, 10000.0);
+        memset(y_ref, 0, n * sizeof(float)), memset(y, 0, n * sizeof(float));
+        rmsnorm_forward(y_ref, ld, r_ref, x, ld, w, T, G, N, 1e-6f);
+        rope_forward(y_ref, ld, ct, st, B, S, G, N);
+        rmsnorm_rope_forward(y, ld, r, x, ld, w, ct, st, T, S, G, N, 1e-6f);
+        assert_memory_equal(y, y_ref, n * sizeof(float));
+        assert_memory_equal(r, r_ref, (size_t)(T * G) * sizeof(float));
+        rope_backward(d_ref, ld, ct, st, B, S, G, N);
+        rmsnorm_backward_scratch(d_ref, ld, false, dw_ref, d_ref, ld, x, ld, w, r_ref, T, G, N);
+        rmsnorm_rope_backward_scratch(d, ld, dw, d, ld, x, ld, w, r, ct, st, T, S, G, N);
+        assert_memory_equal(d, d_ref, n * sizeof(float));
+        assert_memory_equal(dw, dw_ref, (size_t)N * sizeof(float));
+        free(x), free(w), free(ct), free(st), free(y_ref), free(y), free(r_ref), free(r);
+        free(d_ref), free(d), free(dw_ref), free(dw);
     }
 }
 
@@ -1222,6 +1278,35 @@ static void test_xent_vs_double(void **state) {
         snprintf(what, sizeof what, "xent gradient vs double (V=%ld)", (long)V);
         CHECK_LE(what, rel_err_fd(g, ref, n), 2e-5);
         free(l), free(g), free(ref);
+    }
+}
+
+/* The bf16 run's variant against rounding the fp32 kernel's gradient: the same bits, the same
+ * loss and lse, and the logits left as they were. V = 37 (a scalar tail, the target in it) and
+ * Qwen3's vocabulary (the target in the last 512-wide piece and in the first), with z-loss. */
+static void test_xent_bf16_matches_rounded(void **state) {
+    (void)state;
+    test_rng_t rng = {52};
+    static const int64_t Vs[] = {37, 151936};
+    const int threads = omp_get_max_threads();
+    for (int vi = 0; vi < 2; vi++) {
+        const int64_t V = Vs[vi], C = 3;
+        const size_t n = (size_t)(C * V);
+        float *l = falloc(n), *kept = falloc(n), *g = falloc(n), *rows = falloc((size_t)threads * (size_t)V);
+        bf16_t *want = malloc(n * sizeof(bf16_t)), *got = malloc(n * sizeof(bf16_t));
+        float loss[3], lse[3], loss16[3], lse16[3];
+        int32_t tgt[3] = {(int32_t)(V - 1), 0, (int32_t)(V / 2)};
+        fill_uniform(l, n, &rng, -8.0f, 8.0f);
+        memcpy(kept, l, n * sizeof(float));
+        memcpy(g, l, n * sizeof(float));
+        xent_forward_backward(g, loss, lse, tgt, C, V, 0.25f, 1e-4f);
+        for (size_t i = 0; i < n; i++) want[i] = bf16_from_f32(g[i]);
+        xent_forward_backward_bf16(l, got, rows, loss16, lse16, tgt, C, V, 0.25f, 1e-4f);
+        assert_memory_equal(got, want, n * sizeof(bf16_t));
+        assert_memory_equal(l, kept, n * sizeof(float));
+        assert_memory_equal(loss16, loss, sizeof loss);
+        assert_memory_equal(lse16, lse, sizeof lse);
+        free(l), free(kept), free(g), free(rows), free(want), free(got);
     }
 }
 
@@ -1708,7 +1793,7 @@ static void test_thread_determinism(void **state) {
         omp_set_num_threads(t + 1);
         dinp[t] = falloc((size_t)(T * W)), dw[t] = falloc((size_t)N);
         fill_const(dw[t], (size_t)N, 0.25f);
-        rmsnorm_backward(dinp[t], W, false, dw[t], dout, W, inp, W, w, rstd, T, G, N);
+        rmsnorm_backward_scratch(dinp[t], W, false, dw[t], dout, W, inp, W, w, rstd, T, G, N);
     }
     assert_memory_equal(dw[0], dw[1], (size_t)N * sizeof(float));
     assert_memory_equal(dinp[0], dinp[1], (size_t)(T * W) * sizeof(float));
@@ -1781,6 +1866,8 @@ int main(void) {
         cmocka_unit_test(test_embed_strided_rows),
         cmocka_unit_test(test_xent_backward_fd),
         cmocka_unit_test(test_xent_vs_double),
+        cmocka_unit_test(test_xent_bf16_matches_rounded),
+        cmocka_unit_test(test_rmsnorm_rope_fused_bits),
         cmocka_unit_test(test_vf_exp_accuracy),
         cmocka_unit_test(test_adamw_update),
         cmocka_unit_test(test_adamw_sum_squares),

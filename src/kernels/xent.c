@@ -2,6 +2,8 @@
 
 #include <float.h>
 #include <math.h>
+#include <omp.h>
+#include <stdint.h>
 
 #include "kernels/vecmath.h"
 
@@ -12,17 +14,18 @@ static float row_max(const float *x, int64_t n) {
     return m;
 }
 
-/* x[i] = exp(x[i] − shift); returns Σ x[i] (accumulated in double across vector partials). */
-static double exp_shift_sum(float *x, int64_t n, float shift) {
+/* e[i] = exp(x[i] − shift) (e may be x); returns Σ e[i] (accumulated in double across vector
+ * partials). */
+static double exp_shift_sum(float *e, const float *x, int64_t n, float shift) {
     int64_t i = 0;
     double total = 0.0;
 #if VF_LANES
     vf acc = vf_zero();
     const vf sh = vf_set1(shift);
     for (; i + VF_LANES <= n; i += VF_LANES) {
-        vf e = vf_exp(vf_sub(vf_load(x + i), sh));
-        vf_store(x + i, e);
-        acc = vf_add(acc, e);
+        vf ex = vf_exp(vf_sub(vf_load(x + i), sh));
+        vf_store(e + i, ex);
+        acc = vf_add(acc, ex);
         if ((i & 4095) == 4096 - VF_LANES) { /* flush the float partials now and then to keep precision */
             total += vf_reduce_add(acc);
             acc = vf_zero();
@@ -31,10 +34,24 @@ static double exp_shift_sum(float *x, int64_t n, float shift) {
     total += vf_reduce_add(acc);
 #endif
     for (; i < n; i++) {
-        x[i] = expf(x[i] - shift);
-        total += x[i];
+        e[i] = expf(x[i] - shift);
+        total += e[i];
     }
     return total;
+}
+
+/* One row's loss and lse, with exp(l − max) into e (which may be the row); returns the gradient's scale,
+ * coef, so that the gradient is e·coef, less grad_scale at the target. */
+static float row_loss_and_exp(float *e, const float *logits_row, int64_t V, int32_t tgt, float grad_scale, float z_loss,
+                              float *row_loss, float *row_lse) {
+    float target_logit = logits_row[tgt];
+    float m = row_max(logits_row, V);
+    double sum = exp_shift_sum(e, logits_row, V, m);
+    double lse = (double)m + log(sum);
+    *row_lse = (float)lse;
+    *row_loss = (float)(lse - (double)target_logit + (double)z_loss * lse * lse);
+    /* d/dl of lse is softmax; z-loss adds 2·z·lse·softmax. */
+    return (float)((1.0 + 2.0 * (double)z_loss * lse) / sum) * grad_scale;
 }
 
 void xent_forward_backward(float *logits, float *row_loss, float *row_lse, const int32_t *targets,
@@ -43,16 +60,38 @@ void xent_forward_backward(float *logits, float *row_loss, float *row_lse, const
     for (int64_t r = 0; r < C; r++) {
         float *l = logits + r * V;
         int32_t tgt = targets[r];
-        float target_logit = l[tgt];
-        float m = row_max(l, V);
-        double sum = exp_shift_sum(l, V, m); /* l now holds exp(l − m) */
-        double lse = (double)m + log(sum);
-        row_lse[r] = (float)lse;
-        row_loss[r] = (float)(lse - (double)target_logit + (double)z_loss * lse * lse);
-        /* d/dl of lse is softmax; z-loss adds 2·z·lse·softmax. */
-        float coef = (float)((1.0 + 2.0 * (double)z_loss * lse) / sum) * grad_scale;
+        float coef = row_loss_and_exp(l, l, V, tgt, grad_scale, z_loss, &row_loss[r], &row_lse[r]);
 #pragma omp simd
         for (int64_t i = 0; i < V; i++) l[i] *= coef;
         l[tgt] -= grad_scale;
     }
+}
+
+void xent_forward_backward_bf16(const float *logits, bf16_t *dlogits, float *row_scratch, float *row_loss,
+                                float *row_lse, const int32_t *targets, int64_t C, int64_t V, float grad_scale,
+                                float z_loss) {
+    enum { PIECE = 512 };
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < C; r++) {
+        float *e = row_scratch + (int64_t)omp_get_thread_num() * V;
+        int32_t tgt = targets[r];
+        float coef = row_loss_and_exp(e, logits + r * V, V, tgt, grad_scale, z_loss, &row_loss[r], &row_lse[r]);
+        for (int64_t i0 = 0; i0 < V; i0 += PIECE) { /* scaled through L1 and rounded from there */
+            int64_t n = V - i0 < PIECE ? V - i0 : PIECE;
+            float g[PIECE];
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) g[i] = e[i0 + i] * coef;
+            if (tgt >= i0 && tgt < i0 + n) g[tgt - i0] -= grad_scale;
+            bf16_t *dst = dlogits + r * V + i0;
+#if defined(__AVX512BF16__)
+            if (n == PIECE && ((uintptr_t)dst & 63) == 0) {
+                for (int64_t i = 0; i < n; i += 32)
+                    _mm512_stream_si512((void *)(dst + i), bf16x32_from_ps(_mm512_loadu_ps(g + i), _mm512_loadu_ps(g + i + 16)));
+                continue;
+            }
+#endif
+            bf16_from_f32_block(dst, g, n);
+        }
+    }
+    _mm_sfence();
 }

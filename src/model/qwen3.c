@@ -126,6 +126,7 @@ typedef struct scratch {
     float *dattn;    /* [T, H·HD]     rows ld_hhd apart, as attn's */
     float *dqkv;     /* [T, (H+2KV)·HD] rows ld_qkv apart, as qkv's */
     float *rstd_final; /* [T] */
+    float *norm_partials; /* the norm backwards' per-chunk dweight sums (rmsnorm_backward_partials) */
     float *logits;   /* [chunk, V]   one chunk of logits, then its gradient */
     float *row_loss, *row_lse; /* [chunk] */
     int32_t *targets; /* [chunk] */
@@ -133,6 +134,7 @@ typedef struct scratch {
     float *attention; /* attention_scratch_floats */
     bf16_t *in16;     /* bf16 matmul inputs (bf16 runs only): a linear's x, or an LM-head chunk */
     bf16_t *dy16;     /* bf16 output gradients: a linear's dy, or a chunk's logit gradients */
+    float *xent_rows; /* [threads, V] bf16 runs: each thread's row of exponentials (xent_forward_backward_bf16) */
     float *qk;        /* [T, (H+KV)·HD] remat minimal only: the current layer's q and k */
     float *dy_t, *x_t, *w_t; /* fp32 widening layers (see wide_layer): dyᵀ [D, T], xᵀ [F, T], Wᵀ [F, D] */
 } scratch_t;
@@ -182,6 +184,9 @@ static int64_t scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads
     s->dattn = carve(&c, T * qwen3_padded_width(d->H * d->HD));
     s->dqkv = carve(&c, T * qwen3_padded_width((d->H + 2 * d->KV) * d->HD));
     s->rstd_final = carve(&c, T);
+    s->norm_partials = carve(&c, max64(rmsnorm_backward_partials(T, 1, d->D),
+                                       max64(rmsnorm_backward_partials(T, d->H, d->HD),
+                                             rmsnorm_backward_partials(T, d->KV, d->HD))));
     s->logits = carve(&c, chunk * d->V);
     s->row_loss = carve(&c, chunk);
     s->row_lse = carve(&c, chunk);
@@ -193,7 +198,10 @@ static int64_t scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads
         int64_t in16, dy16;
         bf16_scratch_sizes(d, chunk, &in16, &dy16);
         s->in16 = (bf16_t *)carve(&c, in16);
-        s->dy16 = (bf16_t *)carve(&c, dy16);
+        /* On a 64-byte line: the LM head's logit gradients are written there with streaming stores. */
+        float *dy16_space = carve(&c, dy16 + 16);
+        s->dy16 = dy16_space ? (bf16_t *)((uintptr_t)(dy16_space + 15) & ~(uintptr_t)63) : NULL;
+        s->xent_rows = carve(&c, (int64_t)num_threads * d->V);
     }
     if (remat == QWEN3_REMAT_MINIMAL) s->qk = carve(&c, T * (d->H + d->KV) * d->HD);
     if (transpose_scratch_floats(d, bf16) > 0) {
@@ -433,10 +441,6 @@ static double linear_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * (doub
 static int64_t ld16(const qwen3_model_t *m, int64_t cols) { return ld16_for(gemm_bf16_tiles(m->gemm), cols); }
 static const bf16_t *weight16(const qwen3_model_t *m, const float *w) { return m->params16 + (w - m->params); }
 
-static void to_bf16(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t n) {
-    SPAN(m, m->names.fwd[OP_TO_BF16], 0, bf16_from_f32_array(dst, src, n));
-}
-
 /* src [T, cols] (rows ld_src apart) into bf16 rows ld16(m, cols) apart: a matmul input in
  * s.in16 or s.dy16. */
 static void to_bf16_rows(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t ld_src, int64_t T, int64_t cols) {
@@ -558,10 +562,26 @@ static void copy_residual(qwen3_model_t *m, float *dst, const float *src) {
     SPAN(m, m->names.fwd[OP_RESIDUAL], 0, memcpy(dst, src, (size_t)n * sizeof(float)));
 }
 
+/* Whether qk-norm and rope run as one pass (rmsnorm_rope_forward and _backward): the bits of the
+ * two kernels one after the other, without writing q and k between them and reading them back
+ * (twice a [T, (H+KV)·HD] pass a layer, forward and backward). */
+static bool qk_norm_rope_fused(const qwen3_dims_t *d) {
+    return d->qk_norm && d->HD % 2 == 0 && d->HD <= ROPE_FUSED_MAX_N;
+}
+
 /* q and k for attention from the projections: qk-norm per head, then rope. */
 static void qk_from_qkv(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_acts_t *a) {
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S, ld_qkv = m->ld_qkv, QK = (d->H + d->KV) * d->HD;
+    if (qk_norm_rope_fused(d)) {
+        SPAN(m, m->names.fwd[OP_QK_NORM], 0, {
+            rmsnorm_rope_forward(a->qk, QK, a->qk_rstd, a->qkv, ld_qkv, w->q_norm, m->s.rope_cos, m->s.rope_sin, T,
+                                 d->S, d->H, d->HD, (float)d->eps);
+            rmsnorm_rope_forward(a->qk + d->H * d->HD, QK, a->qk_rstd + T * d->H, a->qkv + d->H * d->HD, ld_qkv,
+                                 w->k_norm, m->s.rope_cos, m->s.rope_sin, T, d->S, d->KV, d->HD, (float)d->eps);
+        });
+        return;
+    }
     if (d->qk_norm) {
         SPAN(m, m->names.fwd[OP_QK_NORM], 0, {
             rmsnorm_forward(a->qk, QK, a->qk_rstd, a->qkv, ld_qkv, w->q_norm, T, d->H, d->HD, (float)d->eps);
@@ -632,7 +652,7 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     else
         linear_bwd(m, OP_GATE_UP, s->dln, ld_d, dw->gate_proj, s->dgate_up, m->ld_gate_up, s->ln, ld_d, w->gate_proj, T,
                    2 * d->F, d->D);
-    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, ld_d, true, dw->post_norm, s->dln, ld_d, a->x2, ld_d, w->post_norm, a->rstd2, T, 1, d->D));
+    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, ld_d, true, dw->post_norm, s->dln, ld_d, a->x2, ld_d, w->post_norm, a->rstd2, T, 1, d->D, s->norm_partials));
     /* Attention. */
     linear_bwd(m, OP_O_PROJ, s->dattn, ld_hhd, dw->o_proj, s->dres, ld_d, a->attn, ld_hhd, w->o_proj, T, d->D, HHD);
     if (m->opt.remat == QWEN3_REMAT_MINIMAL) qk_from_qkv(m, w, a); /* the shared buffer holds another layer's */
@@ -646,17 +666,28 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
              attention_backward(s->dqkv, ld_qkv, s->dqkv + HHD, ld_qkv, s->dqkv + QK, ld_qkv, s->dattn, ld_hhd, a->attn, ld_hhd,
                                 a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, ld_qkv, &as, s->attention,
                                 m->thread_gemm));
-    SPAN(m, m->names.bwd[OP_ROPE], 0, rope_backward(s->dqkv, ld_qkv, s->rope_cos, s->rope_sin, d->B, d->S, d->H + d->KV, d->HD));
-    if (d->qk_norm) {
+    if (qk_norm_rope_fused(d)) {
         SPAN(m, m->names.bwd[OP_QK_NORM], 0, {
-            rmsnorm_backward(s->dqkv, ld_qkv, false, dw->q_norm, s->dqkv, ld_qkv, a->qkv, ld_qkv, w->q_norm, a->qk_rstd, T, d->H, d->HD);
+            rmsnorm_rope_backward(s->dqkv, ld_qkv, dw->q_norm, s->dqkv, ld_qkv, a->qkv, ld_qkv, w->q_norm, a->qk_rstd,
+                                  s->rope_cos, s->rope_sin, T, d->S, d->H, d->HD, s->norm_partials);
+            rmsnorm_rope_backward(s->dqkv + HHD, ld_qkv, dw->k_norm, s->dqkv + HHD, ld_qkv, a->qkv + HHD, ld_qkv,
+                                  w->k_norm, a->qk_rstd + T * d->H, s->rope_cos, s->rope_sin, T, d->S, d->KV, d->HD,
+                                  s->norm_partials);
+        });
+    } else {
+        SPAN(m, m->names.bwd[OP_ROPE], 0,
+             rope_backward(s->dqkv, ld_qkv, s->rope_cos, s->rope_sin, d->B, d->S, d->H + d->KV, d->HD));
+    }
+    if (d->qk_norm && !qk_norm_rope_fused(d)) {
+        SPAN(m, m->names.bwd[OP_QK_NORM], 0, {
+            rmsnorm_backward(s->dqkv, ld_qkv, false, dw->q_norm, s->dqkv, ld_qkv, a->qkv, ld_qkv, w->q_norm, a->qk_rstd, T, d->H, d->HD, s->norm_partials);
             rmsnorm_backward(s->dqkv + HHD, ld_qkv, false, dw->k_norm, s->dqkv + HHD, ld_qkv, a->qkv + HHD, ld_qkv, w->k_norm,
-                             a->qk_rstd + T * d->H, T, d->KV, d->HD);
+                             a->qk_rstd + T * d->H, T, d->KV, d->HD, s->norm_partials);
         });
     }
     layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
     linear_bwd_produced(m, OP_QKV, s->dln, ld_d, dw->q_proj, s->dqkv, m->ld_qkv, s->ln, ld_d, w->q_proj, T, QKV, d->D);
-    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, ld_d, true, dw->input_norm, s->dln, ld_d, x, ld_d, w->input_norm, a->rstd1, T, 1, d->D));
+    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, ld_d, true, dw->input_norm, s->dln, ld_d, x, ld_d, w->input_norm, a->rstd1, T, 1, d->D, s->norm_partials));
 }
 
 /* Final norm, then the LM head and cross-entropy chunk by chunk: each chunk's logits become
@@ -685,12 +716,17 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
             SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
                  gemm_f32(m->gemm, false, true, n, d->V, d->D, h, m->ld_d, m->w.lm_head, d->D, s->logits, d->V, false));
         }
-        SPAN(m, m->names.fwd[OP_XENT], 0,
-             xent_forward_backward(s->logits, s->row_loss, s->row_lse, s->targets, n, d->V, grad_scale, m->opt.z_loss));
+        if (m->opt.bf16 && with_grad) /* the gradient straight into the products' bf16 dy */
+            SPAN(m, m->names.fwd[OP_XENT], 0,
+                 xent_forward_backward_bf16(s->logits, s->dy16, s->xent_rows, s->row_loss, s->row_lse, s->targets, n,
+                                            d->V, grad_scale, m->opt.z_loss));
+        else
+            SPAN(m, m->names.fwd[OP_XENT], 0,
+                 xent_forward_backward(s->logits, s->row_loss, s->row_lse, s->targets, n, d->V, grad_scale,
+                                       m->opt.z_loss));
         for (int64_t i = 0; i < n; i++) loss_sum += s->row_loss[i];
         if (!with_grad) continue;
         if (m->opt.bf16) {
-            to_bf16(m, s->dy16, s->logits, n * d->V);
             SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
                  gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, ld16(m, d->D), m->dw.lm_head, d->D, t0 > 0));
             SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
@@ -704,7 +740,7 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
     }
     if (with_grad)
         SPAN(m, m->names.bwd[OP_FINAL_NORM], 0,
-             rmsnorm_backward(s->dres, m->ld_d, false, m->dw.final_norm, s->dln, m->ld_d, x, m->ld_d, m->w.final_norm, s->rstd_final, T, 1, d->D));
+             rmsnorm_backward(s->dres, m->ld_d, false, m->dw.final_norm, s->dln, m->ld_d, x, m->ld_d, m->w.final_norm, s->rstd_final, T, 1, d->D, s->norm_partials));
     return loss_sum / (double)T;
 }
 
