@@ -1,6 +1,7 @@
 #include "kernels/bf16.h"
 
 #include <immintrin.h>
+#include <stdint.h>
 
 #include "kernels/vecmath.h"
 
@@ -14,6 +15,17 @@ void bf16_from_f32_block(bf16_t *dst, const float *src, int64_t n) {
     for (; i + VF_LANES <= n; i += VF_LANES) vf_store_bf16(dst + i, vf_load(src + i));
 #endif
     for (; i < n; i++) dst[i] = bf16_from_f32(src[i]);
+}
+
+void bf16_from_f32_block_streamed(bf16_t *dst, const float *src, int64_t n) {
+#ifdef __AVX512BF16__
+    if (n % 32 == 0 && ((uintptr_t)dst & 63) == 0) {
+        for (int64_t i = 0; i < n; i += 32)
+            _mm512_stream_si512((void *)(dst + i), bf16x32_from_ps(_mm512_loadu_ps(src + i), _mm512_loadu_ps(src + i + 16)));
+        return;
+    }
+#endif
+    bf16_from_f32_block(dst, src, n);
 }
 
 void bf16_from_f32_array(bf16_t *dst, const float *src, int64_t n) {

@@ -31,6 +31,11 @@ void bf16_from_f32_array(bf16_t *dst, const float *src, int64_t n);
 /* The same on the calling thread only, for kernels that fuse it into their own loops. */
 void bf16_from_f32_block(bf16_t *dst, const float *src, int64_t n);
 
+/* The same with streaming stores where dst is on a 64-byte line and n a multiple of 32 (else as
+ * bf16_from_f32_block): for outputs read back from memory anyway, whose lines need not be read
+ * for ownership first. The caller fences with _mm_sfence before another thread reads them. */
+void bf16_from_f32_block_streamed(bf16_t *dst, const float *src, int64_t n);
+
 /* dst[r·ld_dst + c] = bf16(src[r·ld_src + c]) for rows × cols; threaded with OpenMP. */
 void bf16_from_f32_rows(bf16_t *dst, int64_t ld_dst, const float *src, int64_t ld_src, int64_t rows, int64_t cols);
 

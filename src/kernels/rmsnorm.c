@@ -1,5 +1,7 @@
 #include "kernels/rmsnorm.h"
 
+#include "kernels/rope.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -11,18 +13,6 @@ static inline float row_rstd(const float *x, int64_t N, float eps) {
 }
 
 enum { BF16_PIECE = 512 };
-
-/* The rotation of one head vector [x1, x2] (halves of N/2) by the angles whose cos and sin are
- * c, sn (direction −1: the inverse), into y; rope.c's rotate, element for element. */
-static inline void rotate_head(float *y, const float *x, const float *c, const float *sn, int64_t N, float direction) {
-    const int64_t half = N / 2;
-#pragma omp simd
-    for (int64_t i = 0; i < half; i++) {
-        float a = x[i], b = x[i + half], si = direction * sn[i];
-        y[i] = a * c[i] - b * si;
-        y[i + half] = b * c[i] + a * si;
-    }
-}
 
 /* The forward into fp32 out, or (out NULL) rounded to bf16 into out16; with rope (cos_table
  * not NULL, row t at position t mod S) each normed vector is rotated before it is stored. */
@@ -39,7 +29,7 @@ static void forward_rows(float *out, bf16_t *out16, int64_t ld_out, float *rstd,
 #pragma omp simd
             for (int64_t i = 0; i < N; i++) y[i] = x[i] * s * weight[i];
             const int64_t at = (t % S) * (N / 2);
-            rotate_head(out + t * ld_out + g * N, y, cos_table + at, sin_table + at, N, 1.0f);
+            rope_rotate_head(out + t * ld_out + g * N, y, cos_table + at, sin_table + at, N, 1.0f);
             continue;
         }
         if (out) {
@@ -81,10 +71,9 @@ static int64_t chunk_rows(int64_t rows) {
     return c < 16 ? 16 : c;
 }
 
-int64_t rmsnorm_backward_partials(int64_t T, int64_t G, int64_t N) {
-    const int64_t rows = T * G, per = chunk_rows(rows);
-    return (rows + per - 1) / per * N;
-}
+static int64_t chunk_count(int64_t rows) { return (rows + chunk_rows(rows) - 1) / chunk_rows(rows); }
+
+int64_t rmsnorm_backward_partials(int64_t T, int64_t G, int64_t N) { return chunk_count(T * G) * N; }
 
 /* rmsnorm_backward, with rope's backward first where cos_table is not NULL: each row's dy is
  * rotated back (rope_backward's arithmetic) into L1 before the norm's terms are taken. */
@@ -101,7 +90,7 @@ static void backward_rows(float *dinp, int64_t ld_dinp, bool accumulate_dinp, fl
      * gone to sleep, which they do between a step's kernels: on the Zen 5 VM a backward of
      * 512 × 256 then took 1.0-2.4 ms instead of 15-40 µs (a probe with a 1-3 ms serial gap before
      * each call), and the tiny default model's `norm` row was 22-35% of its step. */
-    const int64_t rows = T * G, per = chunk_rows(rows), chunks = (rows + per - 1) / per;
+    const int64_t rows = T * G, per = chunk_rows(rows), chunks = chunk_count(rows);
 #pragma omp parallel for schedule(static)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
         float *acc = partials + chunk * N; /* this chunk's dweight sums */
@@ -114,7 +103,7 @@ static void backward_rows(float *dinp, int64_t ld_dinp, bool accumulate_dinp, fl
             float unrotated[ROPE_FUSED_MAX_N];
             if (cos_table) {
                 const int64_t at = (t % S) * (N / 2);
-                rotate_head(unrotated, dy, cos_table + at, sin_table + at, N, -1.0f);
+                rope_rotate_head(unrotated, dy, cos_table + at, sin_table + at, N, -1.0f);
                 dy = unrotated;
             }
             float *dx = dinp + t * ld_dinp + g * N;

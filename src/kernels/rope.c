@@ -21,15 +21,7 @@ static void rotate(float *x, int64_t ld, const float *cos_table, const float *si
     for (int64_t t = 0; t < B * S; t++) {
         const float *c = cos_table + (t % S) * half;
         const float *s = sin_table + (t % S) * half;
-        for (int64_t g = 0; g < G; g++) {
-            float *x1 = x + t * ld + g * HD, *x2 = x1 + half;
-#pragma omp simd
-            for (int64_t i = 0; i < half; i++) {
-                float a = x1[i], b = x2[i], sn = direction * s[i];
-                x1[i] = a * c[i] - b * sn;
-                x2[i] = b * c[i] + a * sn;
-            }
-        }
+        for (int64_t g = 0; g < G; g++) rope_rotate_head(x + t * ld + g * HD, x + t * ld + g * HD, c, s, HD, direction);
     }
 }
 

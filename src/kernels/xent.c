@@ -3,7 +3,6 @@
 #include <float.h>
 #include <math.h>
 #include <omp.h>
-#include <stdint.h>
 
 #include "kernels/vecmath.h"
 
@@ -82,15 +81,7 @@ void xent_forward_backward_bf16(const float *logits, bf16_t *dlogits, float *row
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) g[i] = e[i0 + i] * coef;
             if (tgt >= i0 && tgt < i0 + n) g[tgt - i0] -= grad_scale;
-            bf16_t *dst = dlogits + r * V + i0;
-#if defined(__AVX512BF16__)
-            if (n == PIECE && ((uintptr_t)dst & 63) == 0) {
-                for (int64_t i = 0; i < n; i += 32)
-                    _mm512_stream_si512((void *)(dst + i), bf16x32_from_ps(_mm512_loadu_ps(g + i), _mm512_loadu_ps(g + i + 16)));
-                continue;
-            }
-#endif
-            bf16_from_f32_block(dst, g, n);
+            bf16_from_f32_block_streamed(dlogits + r * V + i0, g, n);
         }
     }
     _mm_sfence();
