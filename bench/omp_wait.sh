@@ -24,9 +24,9 @@ for r in $(seq 1 "$rounds"); do
         done
     done
 done
-python3 - "$out" "$rounds" "${bins[@]}" <<'PY'
+python3 - "$out" "$rounds" "${policies[*]}" "${bins[@]}" <<'PY'
 import json, statistics, sys
-out, rounds, bins = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, rounds, policies, bins = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4:]
 def med(b, p):
     return statistics.median(json.loads(l)["perf/step_time_seconds"]
                              for r in range(1, rounds + 1)
@@ -35,7 +35,7 @@ print(f"configs/base.yml, 20 steps, {rounds} interleaved rounds; median step tim
 print(f"{'binary':40s} {'policy':8s} {'median ms':>10s} {'/ default':>10s}")
 for b, name in enumerate(bins):
     base = med(b, "default")
-    for p in ("default", "active", "passive"):
+    for p in policies:
         m = med(b, p)
         print(f"{name:40s} {p:8s} {m*1e3:10.2f} {m/base:10.3f}")
 PY
