@@ -40,11 +40,16 @@ static int64_t keys_seen(int64_t i0, int64_t r0) { return i0 + r0 + SUB; }
  * diagonal by row sub-blocks. Against row sub-blocks over all their keys this ran 1.01x forward
  * and 1.05x backward at S = 4096, level at 256 and 1024 (medians of 21 interleaved pairs). Each
  * element is one HDp-long sum either way. */
+static void diagonal_scores(bf16_block_product_fn product, float *C, int64_t ldc, const bf16_t *A, const bf16_t *B,
+                            int64_t HDp, int64_t nqp) {
+    for (int64_t r0 = 0; r0 < nqp; r0 += SUB)
+        product(C + r0 * ldc, ldc, A + r0 * HDp, HDp, B, HDp, SUB, r0 + SUB, HDp, false);
+}
+
 static void staircase_scores(bf16_block_product_fn product, float *C, int64_t ldc, const bf16_t *A, const bf16_t *B,
                              int64_t HDp, int64_t i0, int64_t nqp) {
     if (i0 > 0) product(C, ldc, A, HDp, B, HDp, nqp, i0, HDp, false);
-    for (int64_t r0 = 0; r0 < nqp; r0 += SUB)
-        product(C + r0 * ldc + i0, ldc, A + r0 * HDp, HDp, B + i0 * HDp, HDp, SUB, r0 + SUB, HDp, false);
+    diagonal_scores(product, C + i0, ldc, A, B + i0 * HDp, HDp, nqp); /* C + i0: key i0's column */
 }
 
 /* C[rows × N] = A[rows × keys] · B (B packed with the keys as its K, extent Bk) on the staircase:
@@ -55,15 +60,25 @@ static void staircase_over_keys(bf16_block_product_fn product, float *C, int64_t
         product(C + r0 * ldc, ldc, A + r0 * lda, lda, B, Bk, SUB, N, keys_seen(i0, r0), false);
 }
 
+/* The backward takes the keys before a query block KCHUNK at a time, from their scores to their
+ * part of dKᵀ and dVᵀ, so that each chunk's fp32 strips (64 KiB each) and packed P and dS stay
+ * in L1 and L2 between the products that write and read them: over whole [QB × S] strips (1 MiB
+ * of fp32 at S = 1024, beside 1 MiB of dKᵀ and dVᵀ) the P and dS pass and the products read
+ * them from L3. A multiple of 32 and of QB's divisors, so every chunk before the diagonal is
+ * whole (i0 is a multiple of QB). */
+enum { KCHUNK = QB };
+
 /* Row strides: padded off multiples of 4 KiB, where 16 rows of a tile would share a cache set. */
 static int64_t s_pad(const attn_shape_t *a) { return amx_round32(a->S); }
 static int64_t ld_f32(const attn_shape_t *a) { return s_pad(a) + 16; }
 static int64_t ld_b16(const attn_shape_t *a) { return s_pad(a) + 32; }
 static int64_t hd_pad(const attn_shape_t *a) { return amx_round32(a->HD); }
+static int64_t ld_chunk(void) { return KCHUNK + 16; }
 
 /* Scratch, in floats (bf16 regions take half a float an element):
  *   shared: the four packed K/V forms per (batch, kv head), each hd_pad × s_pad bf16;
- *   per thread: fp32 strips P and dP [QB, ld_f32]; bf16 strips dS (row-major) [QB, ld_b16],
+ *   per thread: fp32 strips P [QB, ld_f32] (the forward's scores; a chunk's in the backward) and
+ *   dP [QB, ld_chunk]; bf16 strips dS (row-major) [QB, ld_b16],
  *   P and dS packed [s_pad × QB]; q, dO [QB, hd_pad] and their transposes [hd_pad, QB] in
  *   bf16; a [QB, hd_pad] fp32 result block; dKᵀ and dVᵀ [hd_pad, ld_f32] fp32; and the
  *   bf16 rows [s_pad, hd_pad] that K and V are packed from. */
@@ -71,7 +86,7 @@ static int64_t pack_elems(const attn_shape_t *a) { return hd_pad(a) * s_pad(a); 
 static int64_t shared_floats(const attn_shape_t *a) { return a->B * a->KV * 4 * pack_elems(a) / 2; }
 static int64_t per_thread_floats(const attn_shape_t *a) {
     int64_t HDp = hd_pad(a);
-    return 2 * QB * ld_f32(a) + QB * ld_b16(a) / 2 + s_pad(a) * QB + 2 * QB * HDp + QB * HDp + 2 * HDp * ld_f32(a) +
+    return QB * ld_f32(a) + QB * ld_chunk() + QB * ld_b16(a) / 2 + s_pad(a) * QB + 2 * QB * HDp + QB * HDp + 2 * HDp * ld_f32(a) +
            s_pad(a) * HDp / 2;
 }
 
@@ -99,7 +114,7 @@ static packed_bufs_t packed_bufs(float *scratch, const attn_shape_t *a) {
     float *f = scratch + shared_floats(a) + (int64_t)omp_get_thread_num() * per_thread_floats(a);
     packed_bufs_t t;
     t.p = f, f += QB * ld_f32(a);
-    t.dp = f, f += QB * ld_f32(a);
+    t.dp = f, f += QB * ld_chunk();
     t.res = f, f += QB * HDp;
     t.dkt = f, f += HDp * ld_f32(a);
     t.dvt = f, f += HDp * ld_f32(a);
@@ -144,36 +159,38 @@ static void pack_kv(float *scratch, const attn_shape_t *a, const float *k, int64
         }
 }
 
-/* P and dS = scale·P∘(dP − di) over rows [0, nqp) and each row pair's keys [0, keys_seen), from the raw scores in
- * t->p and dP in t->dp, straight into the three bf16 forms the products read: dS row-major (A of
- * dQ = dS·K) and dS and P packed as B operands (of dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P). Two rows at a
- * time, since a packed tile row interleaves a pair of rows, so neither P nor dS is written in
+/* P and dS = scale·P∘(dP − di) over rows [0, nqp) and keys [j_lo, j_hi) (each row pair stopping
+ * at keys_seen), from the raw scores in t->p and dP in t->dp (strips of the chunk's keys: column
+ * j − j_lo, row stride lc), straight into the three bf16 forms the products read: dS row-major
+ * (A of dQ = dS·K, global key columns) and dS and P packed as B operands (of dKᵀ = Qᵀ·dS and
+ * dVᵀ = dOᵀ·P, K extent nqp: a chunk of keys is one contiguous run of that layout). Two rows at
+ * a time, since a packed tile row interleaves a pair of rows, so neither P nor dS is written in
  * fp32 and read back: the exponentials, the dS rows, two roundings and two packs had each made a
  * pass over [QB, kp] fp32 strips, 25% of this kernel (perf). Rows nq..nqp belong to the zero
- * padding queries: P 0 there. The softmax's 1/sqrt(HD) is folded into dS for dQ and dK. Each row
- * pair stops at keys_seen: past it, the packed P and dS hold stale values that no product reads
- * (see keys_seen). With AVX512-BF16, 16 keys of both rows go through registers at once, each
- * vector converted once for its row-major and its packed form: against attention_p_ds_chunk's
- * PD_CHUNK keys through L1 (still the path without it), the backward ran 1.019x (median of seven
+ * padding queries: P 0 there. The softmax's 1/sqrt(HD) is folded into dS for dQ and dK. Past a
+ * row pair's keys_seen, the packed P and dS hold stale values that no product reads (see
+ * keys_seen). With AVX512-BF16, 16 keys of both rows go through registers at once, each vector
+ * converted once for its row-major and its packed form: against attention_p_ds_chunk's PD_CHUNK
+ * keys through L1 (still the path without it), the backward ran 1.019x (median of seven
  * interleaved runs at S = 1024 on the Zen 4, 0.998-1.043x), with the same bits: the same
  * exponentials (vf_exp on whole vectors, expf past a row's last whole vector), products and
  * roundings. */
-static void p_ds_and_pack(const packed_bufs_t *t, int64_t lf, int64_t lb, int64_t i0, int64_t nq, int64_t nqp,
-                          float scale, const float *row_lse, const float *di) {
+static void p_ds_and_pack(const packed_bufs_t *t, int64_t lc, int64_t lb, int64_t i0, int64_t nq, int64_t nqp,
+                          float scale, const float *row_lse, const float *di, int64_t j_lo, int64_t j_hi) {
 #if defined(__AVX512BF16__)
     const __m512 sc = _mm512_set1_ps(scale);
     for (int64_t r = 0; r < nqp; r += 2) {
-        const int64_t kr = keys_seen(i0, r / SUB * SUB); /* a multiple of 32: whole vectors */
+        const int64_t seen = keys_seen(i0, r / SUB * SUB), kr = seen < j_hi ? seen : j_hi; /* whole vectors */
         int64_t visible[2];
         float lse[2];
         for (int i = 0; i < 2; i++) {
             visible[i] = r + i < nq ? i0 + r + i + 1 : 0;
             lse[i] = r + i < nq ? row_lse[i0 + r + i] : 0.0f;
         }
-        for (int64_t j = 0; j < kr; j += 16) {
+        for (int64_t j = j_lo; j < kr; j += 16) {
             __m512 p[2], ds[2];
             for (int i = 0; i < 2; i++) {
-                const float *scores = t->p + (r + i) * lf + j;
+                const float *scores = t->p + (r + i) * lc + (j - j_lo);
                 const int64_t n = visible[i] - j;
                 if (n >= 16) {
                     p[i] = vf_exp(_mm512_fmsub_ps(_mm512_loadu_ps(scores), sc, _mm512_set1_ps(lse[i])));
@@ -183,7 +200,7 @@ static void p_ds_and_pack(const packed_bufs_t *t, int64_t lf, int64_t lb, int64_
                     p[i] = _mm512_loadu_ps(tail);
                 }
                 /* Masked keys' dP is selected away, not multiplied by a zero P. */
-                const __m512 dp = _mm512_loadu_ps(t->dp + (r + i) * lf + j);
+                const __m512 dp = _mm512_loadu_ps(t->dp + (r + i) * lc + (j - j_lo));
                 const __m512 d = _mm512_mul_ps(_mm512_mul_ps(sc, p[i]), _mm512_sub_ps(dp, _mm512_set1_ps(di[r + i])));
                 ds[i] = _mm512_maskz_mov_ps(vf_mask_(n), d);
             }
@@ -198,13 +215,15 @@ static void p_ds_and_pack(const packed_bufs_t *t, int64_t lf, int64_t lb, int64_
 #else
     float p[2][PD_CHUNK], ds[2][PD_CHUNK];
     for (int64_t r = 0; r < nqp; r += 2) {
-        const int64_t kr = keys_seen(i0, r / SUB * SUB);
-        for (int64_t j0 = 0; j0 < kr; j0 += PD_CHUNK) {
+        const int64_t seen = keys_seen(i0, r / SUB * SUB), kr = seen < j_hi ? seen : j_hi;
+        for (int64_t j0 = j_lo; j0 < kr; j0 += PD_CHUNK) {
             const int64_t n = kr - j0 < PD_CHUNK ? kr - j0 : PD_CHUNK;
             for (int i = 0; i < 2; i++) {
                 const int64_t row = r + i;
-                attention_p_ds_chunk(p[i], ds[i], t->p + row * lf, t->dp + row * lf, j0, n, row < nq ? i0 + row + 1 : 0,
-                                     scale, row < nq ? row_lse[i0 + row] : 0.0f, scale, di[row]);
+                /* attention_p_ds_chunk indexes the rows by global key: the strips' origin is j_lo */
+                attention_p_ds_chunk(p[i], ds[i], t->p + row * lc - j_lo, t->dp + row * lc - j_lo, j0, n,
+                                     row < nq ? i0 + row + 1 : 0, scale, row < nq ? row_lse[i0 + row] : 0.0f, scale,
+                                     di[row]);
                 bf16_from_f32_block(t->ds16 + row * lb + j0, ds[i], n);
             }
             const int64_t panels = amx_packed_index(nqp, 0, j0);
@@ -259,7 +278,7 @@ void attention_backward_bf16_packed(float *dq, int64_t ld_dq, float *dk, int64_t
                                     bf16_block_unit_t unit) {
     const bf16_block_product_fn product = unit.product;
     const int64_t B = a->B, S = a->S, H = a->H, KV = a->KV, HD = a->HD, HDp = hd_pad(a), group = a->H / a->KV;
-    const int64_t qblocks = (S + QB - 1) / QB, Sp = s_pad(a), lf = ld_f32(a), lb = ld_b16(a);
+    const int64_t qblocks = (S + QB - 1) / QB, Sp = s_pad(a), lf = ld_f32(a), lb = ld_b16(a), lc = ld_chunk();
     const float scale = 1.0f / sqrtf((float)HD);
     pack_kv(scratch, a, k, ld_k, v, ld_v, true);
     /* One task per (batch, kv head): it alone accumulates that head's dKᵀ, dVᵀ, in an order
@@ -283,32 +302,39 @@ void attention_backward_bf16_packed(float *dq, int64_t ld_dq, float *dk, int64_t
                 attention_rows_to_bf16(t.do16, HDp, dop, ld_dout, nq, nqp, HD);
                 rows_to_bf16_transposed(t.qt16, qp, ld_q, nq, nqp, HD, HDp);
                 rows_to_bf16_transposed(t.dot16, dop, ld_dout, nq, nqp, HD, HDp);
-                staircase_scores(product, t.p, lf, t.q16, pk.kt, HDp, i0, nqp);   /* scores = q·kᵀ */
-                staircase_scores(product, t.dp, lf, t.do16, pk.vt, HDp, i0, nqp); /* dP = dO·Vᵀ */
                 float di[QB];
                 for (int64_t r = 0; r < nq; r++) di[r] = attention_row_dot(dop + r * ld_dout, op + r * ld_out, HD);
                 /* Rows nq..nqp of P and dP are zero (zero q and dO rows): as K rows of the dKᵀ
                  * and dVᵀ products they add nothing. */
                 for (int64_t r = nq; r < nqp; r++) di[r] = 0.0f;
-                p_ds_and_pack(&t, lf, lb, i0, nq, nqp, scale, row_lse, di);
-                float *dqp = dq + (b * S + i0) * ld_dq + h * HD;
-                if (nq == nqp && HD == HDp) {
-                    staircase_over_keys(product, dqp, ld_dq, t.ds16, lb, pk.k, Sp, HD, i0, nq); /* dQ = dS·K */
-                } else {
-                    staircase_over_keys(product, t.res, HDp, t.ds16, lb, pk.k, Sp, HDp, i0, nqp);
-                    for (int64_t r = 0; r < nq; r++)
-                        memcpy(dqp + r * ld_dq, t.res + r * HDp, (size_t)HD * sizeof(float));
+                /* The keys before the block, KCHUNK at a time, each seen by every query: its
+                 * scores and dP, then P and dS, then dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P over it. */
+                for (int64_t j0 = 0; j0 < i0; j0 += KCHUNK) {
+                    product(t.p, lc, t.q16, HDp, pk.kt + j0 * HDp, HDp, nqp, KCHUNK, HDp, false);  /* q·kᵀ */
+                    product(t.dp, lc, t.do16, HDp, pk.vt + j0 * HDp, HDp, nqp, KCHUNK, HDp, false); /* dO·Vᵀ */
+                    p_ds_and_pack(&t, lc, lb, i0, nq, nqp, scale, row_lse, di, j0, j0 + KCHUNK);
+                    product(t.dkt + j0, lf, t.qt16, QB, t.ds_packed + j0 * nqp, nqp, HDp, KCHUNK, nqp, true);
+                    product(t.dvt + j0, lf, t.dot16, QB, t.p_packed + j0 * nqp, nqp, HDp, KCHUNK, nqp, true);
                 }
-                /* dKᵀ += Qᵀ·dS, dVᵀ += dOᵀ·P: the keys before the block see every query; the
-                 * diagonal's 32-key column blocks from c0 on only the queries from c0 on. */
-                if (i0 > 0) {
-                    product(t.dkt, lf, t.qt16, QB, t.ds_packed, nqp, HDp, i0, nqp, true);
-                    product(t.dvt, lf, t.dot16, QB, t.p_packed, nqp, HDp, i0, nqp, true);
-                }
+                /* The diagonal, keys [i0, i0 + nqp): scores and dP by row sub-blocks up to the
+                 * keys each sees; dKᵀ and dVᵀ by 32-key column blocks from the first query that
+                 * sees each (c0 on). */
+                diagonal_scores(product, t.p, lc, t.q16, pk.kt + i0 * HDp, HDp, nqp);
+                diagonal_scores(product, t.dp, lc, t.do16, pk.vt + i0 * HDp, HDp, nqp);
+                p_ds_and_pack(&t, lc, lb, i0, nq, nqp, scale, row_lse, di, i0, i0 + nqp);
                 for (int64_t c0 = 0; c0 < nqp; c0 += SUB) {
                     const int64_t from = (i0 + c0) * nqp + c0 * 16; /* column i0 + c0, query c0 */
                     product(t.dkt + i0 + c0, lf, t.qt16 + c0, QB, t.ds_packed + from, nqp, HDp, SUB, nqp - c0, true);
                     product(t.dvt + i0 + c0, lf, t.dot16 + c0, QB, t.p_packed + from, nqp, HDp, SUB, nqp - c0, true);
+                }
+                /* dQ = dS·K over all the keys the rows see, from the dS rows the chunks left */
+                float *dqp = dq + (b * S + i0) * ld_dq + h * HD;
+                if (nq == nqp && HD == HDp) {
+                    staircase_over_keys(product, dqp, ld_dq, t.ds16, lb, pk.k, Sp, HD, i0, nq);
+                } else {
+                    staircase_over_keys(product, t.res, HDp, t.ds16, lb, pk.k, Sp, HDp, i0, nqp);
+                    for (int64_t r = 0; r < nq; r++)
+                        memcpy(dqp + r * ld_dq, t.res + r * HDp, (size_t)HD * sizeof(float));
                 }
             }
         }

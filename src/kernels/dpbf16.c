@@ -27,8 +27,11 @@ static inline __attribute__((always_inline)) void tile(float *c, int64_t ldc, co
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     /* C's lines, fetched now so that the K loop hides their latency: loaded only at the end,
      * from L3 or DRAM where a blocked GEMM's C is wide, they stalled every tile (a step's worth
-     * of bf16 products went from 0.84x oneDNN's rate to 1.01x with this, bench/gemm_shapes). */
-    for (int r = 0; gemm && r < MR; r++) {
+     * of bf16 products went from 0.84x oneDNN's rate to 1.01x with this, bench/gemm_shapes).
+     * Attention's products fetch it where they add to it (the backward's dKᵀ and dVᵀ, 1 MiB of
+     * fp32 a head, out of L2): its backward ran 1.01x at S = 1024, 1.06x at 2048 and 1.04x at
+     * 4096 (medians of 15 interleaved calls on the Zen 4). */
+    for (int r = 0; (gemm || accumulate) && r < MR; r++) {
         _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
         _mm_prefetch((const char *)(c + r * ldc + 16), _MM_HINT_T0);
     }
