@@ -64,9 +64,10 @@ static void staircase_over_keys(bf16_block_product_fn product, float *C, int64_t
  * part of dKᵀ and dVᵀ, so that each chunk's fp32 strips (64 KiB each) and packed P and dS stay
  * in L1 and L2 between the products that write and read them: over whole [QB × S] strips (1 MiB
  * of fp32 at S = 1024, beside 1 MiB of dKᵀ and dVᵀ) the P and dS pass and the products read
- * them from L3. A multiple of 32 and of QB's divisors, so every chunk before the diagonal is
- * whole (i0 is a multiple of QB). */
+ * them from L3. A multiple of 32 (the products' key tiles) that divides QB, so every chunk
+ * before the diagonal is whole (i0 is a multiple of QB). */
 enum { KCHUNK = QB };
+_Static_assert(KCHUNK % 32 == 0 && QB % KCHUNK == 0, "KCHUNK: a multiple of 32 that divides QB");
 
 /* Row strides: padded off multiples of 4 KiB, where 16 rows of a tile would share a cache set. */
 static int64_t s_pad(const attn_shape_t *a) { return amx_round32(a->S); }
