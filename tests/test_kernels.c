@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdbool.h>
@@ -1340,6 +1341,16 @@ static void test_vf_exp_accuracy(void **state) {
     for (int j = 0; j < VF_LANES; j++) xs[j] = -88.0f - 10.0f * (float)j;
     vf_store(ys, vf_exp(vf_load(xs)));
     for (int j = 0; j < VF_LANES; j++) assert_true(ys[j] >= 0.0f && ys[j] < 1e-37f);
+    /* Never a subnormal, which the attention kernels' bf16 roundings of its results
+     * (bf16x16_from_normal_ps, vf_store_bf16_normal) rely on: every float of [-88, -87], where
+     * the result crosses FLT_MIN, gives 0 or a normal float. */
+    int64_t subnormal = 0;
+    for (float x = -88.0f; x <= -87.0f;) {
+        for (int j = 0; j < VF_LANES; j++, x = nextafterf(x, 0.0f)) xs[j] = x;
+        vf_store(ys, vf_exp(vf_load(xs)));
+        for (int j = 0; j < VF_LANES; j++) subnormal += ys[j] != 0.0f && ys[j] < FLT_MIN;
+    }
+    CHECK_LE("vf_exp results that are subnormal, over [-88, -87]", (double)subnormal, 0.0);
 #else
     skip();
 #endif

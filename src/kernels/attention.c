@@ -151,9 +151,22 @@ static void softmax_row(float *row, bf16_t *dst16, int64_t visible, int64_t kend
     vf acc = vf_zero();
     for (; j + VF_LANES <= visible; j += VF_LANES) {
         vf e = vf_exp(vf_fmsub(vf_load(row + j), sc, sh));
-        if (dst16) vf_store_bf16(dst16 + j, e);
+        if (dst16) vf_store_bf16_normal(dst16 + j, e);
         else vf_store(row + j, e);
         acc = vf_add(acc, e);
+    }
+    if (j < visible) { /* the row's last keys in one vector: a scalar tail of expf was a sixth of it */
+        const int64_t n = visible - j;
+        vf e = vf_keep_n(vf_exp(vf_fmsub(vf_load_n(row + j, n), sc, sh)), n);
+        if (dst16) {
+            bf16_t last[VF_LANES];
+            vf_store_bf16_normal(last, e);
+            memcpy(dst16 + j, last, (size_t)n * sizeof *dst16);
+        } else {
+            vf_store_n(row + j, e, n);
+        }
+        acc = vf_add(acc, e);
+        j = visible;
     }
     sum = vf_reduce_add(acc);
 #endif
@@ -185,6 +198,10 @@ void attention_p_ds_chunk(float *p, float *ds, const float *scores, const float 
 #if VF_LANES
     const vf sh = vf_set1(lse), sc = vf_set1(score_scale);
     for (; j + VF_LANES <= vis; j += VF_LANES) vf_store(p + j - j0, vf_exp(vf_fmsub(vf_load(scores + j), sc, sh)));
+    if (j < vis) { /* the last keys in one vector, as the forward's softmax takes them */
+        vf_store_n(p + j - j0, vf_keep_n(vf_exp(vf_fmsub(vf_load_n(scores + j, vis - j), sc, sh)), vis - j), vis - j);
+        j = vis;
+    }
 #endif
     for (; j < vis; j++) p[j - j0] = expf(scores[j] * score_scale - lse);
     const int64_t seen = vis > j0 ? vis - j0 : 0;

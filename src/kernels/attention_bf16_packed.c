@@ -193,19 +193,15 @@ static void p_ds_and_pack(const packed_bufs_t *t, int64_t lc, int64_t lb, int64_
             for (int i = 0; i < 2; i++) {
                 const float *scores = t->p + (r + i) * lc + (j - j_lo);
                 const int64_t n = visible[i] - j;
-                if (n >= 16) {
-                    p[i] = vf_exp(_mm512_fmsub_ps(_mm512_loadu_ps(scores), sc, _mm512_set1_ps(lse[i])));
-                } else { /* the row's last keys, as attention_p_ds_chunk's scalar tail; zeros past them */
-                    float tail[16] = {0};
-                    for (int64_t l = 0; l < n; l++) tail[l] = expf(scores[l] * scale - lse[i]);
-                    p[i] = _mm512_loadu_ps(tail);
-                }
+                /* Past the row's last key (n < 16, or ≤ 0) the lanes are zeros, not exponentials
+                 * of whatever the strip holds there. */
+                p[i] = vf_keep_n(vf_exp(_mm512_fmsub_ps(vf_load_n(scores, n), sc, _mm512_set1_ps(lse[i]))), n);
                 /* Masked keys' dP is selected away, not multiplied by a zero P. */
                 const __m512 dp = _mm512_loadu_ps(t->dp + (r + i) * lc + (j - j_lo));
                 const __m512 d = _mm512_mul_ps(_mm512_mul_ps(sc, p[i]), _mm512_sub_ps(dp, _mm512_set1_ps(di[r + i])));
                 ds[i] = _mm512_maskz_mov_ps(vf_mask_(n), d);
             }
-            const __m512i p16 = bf16x32_from_ps(p[0], p[1]), ds16 = bf16x32_from_ps(ds[0], ds[1]);
+            const __m512i p16 = bf16x32_from_normal_ps(p[0], p[1]), ds16 = bf16x32_from_ps(ds[0], ds[1]);
             _mm256_storeu_si256((__m256i *)(t->ds16 + r * lb + j), _mm512_castsi512_si256(ds16));
             _mm256_storeu_si256((__m256i *)(t->ds16 + (r + 1) * lb + j), _mm512_extracti64x4_epi64(ds16, 1));
             const int64_t at = amx_packed_index(nqp, r, j); /* keys j.., query pair r in the packed B */

@@ -70,19 +70,22 @@ void xent_forward_backward_bf16(const float *logits, bf16_t *dlogits, float *row
                                 float *row_lse, const int32_t *targets, int64_t C, int64_t V, float grad_scale,
                                 float z_loss) {
     enum { PIECE = 512 };
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < C; r++) {
-        float *e = row_scratch + (int64_t)omp_get_thread_num() * V;
-        int32_t tgt = targets[r];
-        float coef = row_loss_and_exp(e, logits + r * V, V, tgt, grad_scale, z_loss, &row_loss[r], &row_lse[r]);
-        for (int64_t i0 = 0; i0 < V; i0 += PIECE) { /* scaled through L1 and rounded from there */
-            int64_t n = V - i0 < PIECE ? V - i0 : PIECE;
-            float g[PIECE];
+#pragma omp parallel
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t r = 0; r < C; r++) {
+            float *e = row_scratch + (int64_t)omp_get_thread_num() * V;
+            int32_t tgt = targets[r];
+            float coef = row_loss_and_exp(e, logits + r * V, V, tgt, grad_scale, z_loss, &row_loss[r], &row_lse[r]);
+            for (int64_t i0 = 0; i0 < V; i0 += PIECE) { /* scaled through L1 and rounded from there */
+                int64_t n = V - i0 < PIECE ? V - i0 : PIECE;
+                float g[PIECE];
 #pragma omp simd
-            for (int64_t i = 0; i < n; i++) g[i] = e[i0 + i] * coef;
-            if (tgt >= i0 && tgt < i0 + n) g[tgt - i0] -= grad_scale;
-            bf16_from_f32_block_streamed(dlogits + r * V + i0, g, n);
+                for (int64_t i = 0; i < n; i++) g[i] = e[i0 + i] * coef;
+                if (tgt >= i0 && tgt < i0 + n) g[tgt - i0] -= grad_scale;
+                bf16_from_f32_block_streamed(dlogits + r * V + i0, g, n);
+            }
         }
+        _mm_sfence(); /* on every thread that streamed, before the region's closing barrier */
     }
-    _mm_sfence();
 }
