@@ -2,12 +2,13 @@
 """stepscope's scaling: tokens/s with 1 and 2 compute threads (at --thread-seq), and for
 sequence lengths 256 ... 4096 (at the most threads), each with the share of the step that
 attention takes, from the op summary of one profiled step (profiler=xplane writes
-op_summary.json beside the profile). With --torch, the PyTorch reference (eager float32, same
-threads, caching allocator) runs each config too and the table gains its tokens/s and
-stepscope's speed-up. One process at a time.
+op_summary.json beside the profile). With --torch, the PyTorch reference (eager, same threads,
+caching allocator; bf16 autocast with --dtype bfloat16) runs each config too and the table gains
+its tokens/s and stepscope's speed-up. One process at a time.
 
     bench/scaling.py                                   # qwen3-0.6b, batch 1, seq 256..4096
     bench/scaling.py --model tiny --seqs 64,128,256 --torch
+    bench/scaling.py --dtype bfloat16 --peak 0.892 --torch   # bf16 against torch's autocast
 """
 import argparse
 import json
@@ -45,8 +46,11 @@ def main():
     ap.add_argument("--threads", type=ints, default=[1, 2], help="thread counts compared at --thread-seq")
     ap.add_argument("--thread-seq", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3, help="steps per run; step 1 is profiled, step 0 left out")
-    ap.add_argument("--peak", type=float, default=0.446, help="fp32 peak TFLOP/s of --threads' largest count")
-    ap.add_argument("--torch", action="store_true", help="also run the PyTorch reference (eager float32)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="stepscope's dtype; with --torch, bfloat16 runs the reference under bf16 autocast")
+    ap.add_argument("--peak", type=float, default=0.446,
+                    help="peak TFLOP/s of --dtype at --threads' largest count (the Zen 5's 2 cores: 0.446 fp32, 0.892 bf16)")
+    ap.add_argument("--torch", action="store_true", help="also run the PyTorch reference (eager, --dtype)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra stepscope override")
     ap.add_argument("--workdir", help="keep logs and metrics here (default: a temporary folder, removed)")
     a = ap.parse_args()
@@ -66,7 +70,8 @@ def main():
     for threads, seq in configs:
         base = [f"model_name={a.model}", f"per_device_batch_size={a.batch}", f"max_target_length={seq}",
                 f"steps={a.steps}", *a.set]
-        plan = bl.plan_of(base + [f"num_threads={threads}"])
+        ours = base + [f"dtype={a.dtype}"]
+        plan = bl.plan_of(ours + [f"num_threads={threads}"])
         if "refused" in plan:
             rows.append([threads, seq] + ["-"] * 7 + (["-", "-"] if a.torch else []))
             bl.log(f"{threads} threads, seq {seq}: {plan['refused']}")
@@ -74,7 +79,7 @@ def main():
         tflop = float(plan["per_device_tflops"])
         name = f"t{threads}_s{seq}"
         bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: stepscope")
-        res = bl.run_stepscope(base + ["profiler=xplane", "skip_first_n_steps_for_profiler=1", "profiler_steps=1"],
+        res = bl.run_stepscope(ours + ["profiler=xplane", "skip_first_n_steps_for_profiler=1", "profiler_steps=1"],
                                workdir, name, threads, a.peak * threads / most)
         if res["rc"] != 0 or len(res["seconds"]) < 2:
             bl.log(f"  failed (exit {res['rc']}); log {res['log']}:\n{bl.tail(res['log'])}")
@@ -90,8 +95,8 @@ def main():
                bl.gib(res["peak_rss"])]
         others = res["others_cores"]
         if a.torch:
-            bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: torch eager")
-            tr = bl.run_torch(base, workdir, name + "_torch", threads, rss_cap=bl.memory_cap())
+            bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: torch eager {a.dtype}")
+            tr = bl.run_torch(base, workdir, name + "_torch", threads, dtype=a.dtype, rss_cap=bl.memory_cap())
             if tr["rc"] == 0 and len(tr["seconds"]) >= 2:
                 tmed = bl.median_step(tr["seconds"])
                 row += [f"{tokens / tmed:.1f}", f"{tmed / med:.2f}x"]
@@ -100,7 +105,7 @@ def main():
                 row += ["over cap" if tr["over_cap"] else f"exit {tr['rc']}", "-"]
         rows.append(row + [f"{others:.2f}"])
 
-    print(f"\n{a.model}, batch {a.batch}, float32; MFU of {a.peak} TFLOP/s at {most} threads "
+    print(f"\n{a.model}, batch {a.batch}, {a.dtype}; MFU of {a.peak} TFLOP/s at {most} threads "
           f"(scaled by threads/{most} for fewer); attention shares from profiled step 1")
     headers = ["threads", "seq", "median s", "tokens/s", "TFLOP/s", "MFU", "attn kernel share", "attn part share",
                "peak RSS GiB"]
