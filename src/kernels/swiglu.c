@@ -28,7 +28,8 @@ typedef struct streams_ahead {
     const float *p[3];
 } streams_ahead_t;
 
-/* The gate and up streams of row t of gate_up, and of dh (when not NULL), ahead of tile j0. */
+/* The gate and up streams of row t of gate_up, and of dh, ahead of tile j0; without dh (the
+ * forward) the third is the gate's again, a repeat that costs a prefetch instruction. */
 static inline streams_ahead_t streams_ahead(const float *gate_up, int64_t ld_gate_up, const float *dh, int64_t ld_dh,
                                             int64_t t, int64_t T, int64_t j0, int64_t F) {
     const float *g = gate_up + t * ld_gate_up, *gn = t + 1 < T ? g + ld_gate_up : NULL;
