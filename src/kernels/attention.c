@@ -157,7 +157,7 @@ static void softmax_row(float *row, bf16_t *dst16, int64_t visible, int64_t kend
     }
     if (j < visible) { /* the row's last keys in one vector: a scalar tail of expf was a sixth of it */
         const int64_t n = visible - j;
-        vf e = vf_keep_n(vf_exp(vf_fmsub(vf_load_n(row + j, n), sc, sh)), n);
+        vf e = vf_exp_affine_n(row + j, n, sc, sh);
         if (dst16) {
             bf16_t last[VF_LANES];
             vf_store_bf16_normal(last, e);
@@ -199,7 +199,7 @@ void attention_p_ds_chunk(float *p, float *ds, const float *scores, const float 
     const vf sh = vf_set1(lse), sc = vf_set1(score_scale);
     for (; j + VF_LANES <= vis; j += VF_LANES) vf_store(p + j - j0, vf_exp(vf_fmsub(vf_load(scores + j), sc, sh)));
     if (j < vis) { /* the last keys in one vector, as the forward's softmax takes them */
-        vf_store_n(p + j - j0, vf_keep_n(vf_exp(vf_fmsub(vf_load_n(scores + j, vis - j), sc, sh)), vis - j), vis - j);
+        vf_store_n(p + j - j0, vf_exp_affine_n(scores + j, vis - j, sc, sh), vis - j);
         j = vis;
     }
 #endif

@@ -195,7 +195,7 @@ static void p_ds_and_pack(const packed_bufs_t *t, int64_t lc, int64_t lb, int64_
                 const int64_t n = visible[i] - j;
                 /* Past the row's last key (n < 16, or ≤ 0) the lanes are zeros, not exponentials
                  * of whatever the strip holds there. */
-                p[i] = vf_keep_n(vf_exp(_mm512_fmsub_ps(vf_load_n(scores, n), sc, _mm512_set1_ps(lse[i]))), n);
+                p[i] = vf_exp_affine_n(scores, n, sc, _mm512_set1_ps(lse[i]));
                 /* Masked keys' dP is selected away, not multiplied by a zero P. */
                 const __m512 dp = _mm512_loadu_ps(t->dp + (r + i) * lc + (j - j_lo));
                 const __m512 d = _mm512_mul_ps(_mm512_mul_ps(sc, p[i]), _mm512_sub_ps(dp, _mm512_set1_ps(di[r + i])));

@@ -127,6 +127,12 @@ static inline vf vf_exp(vf x) {
     return vf_zero_below_(vf_scale2_(p, n), x, lo);
 }
 
+/* exp(scale·p[i] − shift) in the first n lanes (n may be ≤ 0 or ≥ VF_LANES), reading only those
+ * floats; 0 in the rest: a row's last keys in one vector instead of a scalar tail of expf. */
+static inline vf vf_exp_affine_n(const float *p, int64_t n, vf scale, vf shift) {
+    return vf_keep_n(vf_exp(vf_fmsub(vf_load_n(p, n), scale, shift)), n);
+}
+
 #if defined(__AVX512F__)
 /* x rounded to 16 bf16 the integer way (nearest even, NaN kept quiet): bf16_from_f32 on 16 lanes. */
 static inline __m256i bf16x16_round_int_(__m512 x) {
