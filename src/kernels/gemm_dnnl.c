@@ -509,12 +509,23 @@ static void run(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const voi
     check(dnnl_stream_wait(g->stream), "stream wait");
 }
 
+/* Whether an fp32 product MKL would run whole goes to oneDNN instead: the LM head's forward,
+ * x·Wᵀ against a vocabulary's rows (151936 columns for every Qwen3; no layer is a tenth as
+ * wide). On the Intel Xeon (AMX) VM, 2026-12-05, oneDNN's matmul primitive ran that product
+ * (512 × 151936 × 1024) 1.10-1.11x MKL's rate (bench/gemm_shapes, two runs; a probe alternating
+ * them call by call, 343 against 309 GFLOP/s; MKL split into column blocks, 315-332), while MKL
+ * ran every other form of the step's products 1.0-1.2x oneDNN's. */
+enum { VOCAB_WIDE = 65536 };
+static bool onednn_runs_wide_forward(const gemm_ctx_t *g, const gemm_entry_t *key) {
+    return !g->mkl_panels && !key->trans_a && key->trans_b && key->N >= VOCAB_WIDE;
+}
+
 void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
               const float *A, int64_t lda, const float *B, int64_t ldb,
               float *C, int64_t ldc, bool accumulate) {
     gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate,
                         .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc};
-    if (g->mkl && M > 0 && N > 0 && K > 0) {
+    if (g->mkl && M > 0 && N > 0 && K > 0 && !onednn_runs_wide_forward(g, &key)) {
         run_mkl(g, &key, A, B, C);
         return;
     }

@@ -21,13 +21,14 @@ enum { NR = 2 * VF_LANES };
 static inline __attribute__((always_inline)) void tile_loop(vf c[MR][2], const float *const a[MR], int64_t csa,
                                                             const float *b, int64_t ldb, int64_t K, int64_t n0,
                                                             int64_t n1, bool masked) {
-    /* On AVX2, four k per branch: one k per branch ran at 0.73-0.85 of the FMA probe on the Zen 3,
-     * unrolled 1.05-1.2x faster (operands in L1, alternated round by round). The AVX-512 tile
-     * is left rolled: unrolled by 4 it ran the same on the Zen 5 (attention at S = 1024: forward
-     * 1.01-1.03x, backward 0.99-1.00x, two alternated runs of bench/attention). */
-#if VF_LANES == 8
+    /* Four k per branch. On AVX2 one k per branch ran at 0.73-0.85 of the FMA probe on the Zen 3,
+     * unrolled 1.05-1.2x faster (operands in L1, alternated round by round). On AVX-512 the
+     * Zen 5 ran the same either way (attention at S = 1024: forward 1.01-1.03x, backward
+     * 0.99-1.00x), and the Intel Xeon (family 6 model 167) ran faster unrolled: the hot tile went
+     * from 0.78 to 0.82 of the probe at 128x128x128 and from 0.735 to 0.845 at 128x32x1024
+     * (bench/microgemm_probe), attention forward 1.05x and backward 1.04x (three alternated runs
+     * of bench/attention). The arithmetic order is unchanged, so the results are bit-identical. */
 #pragma GCC unroll 4
-#endif
     for (int64_t k = 0; k < K; k++) {
         vf b0 = masked ? vf_load_n(b + k * ldb, n0) : vf_load(b + k * ldb);
         vf b1 = masked ? vf_load_n(b + k * ldb + VF_LANES, n1) : vf_load(b + k * ldb + VF_LANES);
