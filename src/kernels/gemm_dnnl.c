@@ -34,6 +34,7 @@ struct gemm_ctx {
     int last_hit;
     const mkl_blas_t *mkl; /* set when MKL runs the products */
     bool mkl_panels;       /* ... in run_panels' shape-fixed panels, one sequential call each */
+    bool wide_on_onednn;   /* ... but under gemm_library=auto the LM head's forward on oneDNN (VOCAB_WIDE) */
     bool bf16_tiles;       /* bf16 products of whole 32-blocks run on bf16_blocked.c (AMX or dpbf16) */
     bf16_t *tile_work;     /* its packing space, for tile_work_threads threads */
     int tile_work_threads;
@@ -101,6 +102,7 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
      * [16 × 32 × 20480] products (and one form of [8 × 8 × 65536]) differed at 3 threads from
      * 1. Elsewhere its products run in the panels oneDNN's gemm driver gets, each on one thread. */
     g->mkl_panels = g->mkl && !__builtin_cpu_is("intel");
+    g->wide_on_onednn = g->mkl && !g->mkl_panels && lib == GEMM_LIB_AUTO;
     /* oneDNN registers each JIT kernel with VTune by default, and the first registration
      * dlopen()s libJitPI.so, which is not there: on whichever OpenMP thread first JIT-compiles
      * a kernel, glibc keeps that failure's message, and LeakSanitizer once reported it as a
@@ -120,10 +122,11 @@ gemm_ctx_t *gemm_create(gemm_library_t lib, char *err, size_t errlen) {
     const bool mkl_bf16 = g->mkl && mkl_has_bf16(g->mkl);
     g->bf16_widens = !mkl_bf16 && !onednn_has_bf16(g);
     if (g->mkl)
-        snprintf(g->detail, sizeof g->detail, "mkl (%s%s%s)", mkl_blas_path(g->mkl),
+        snprintf(g->detail, sizeof g->detail, "mkl (%s%s%s%s)", mkl_blas_path(g->mkl),
                  g->mkl_panels ? "; not an Intel CPU: each product in shape-fixed panels, one thread each, so the "
                                  "bits do not depend on the thread count"
                                : "",
+                 g->wide_on_onednn ? "; the LM head's fp32 forward on oneDNN" : "",
                  mkl_has_bf16(g->mkl) ? ""
                  : g->bf16_widens     ? "; bf16 products widened to fp32"
                                       : "; bf16 products on oneDNN");
@@ -509,7 +512,8 @@ static void run(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const voi
     check(dnnl_stream_wait(g->stream), "stream wait");
 }
 
-/* Whether an fp32 product MKL would run whole goes to oneDNN instead: the LM head's forward,
+/* Whether an fp32 product MKL would run whole goes to oneDNN instead (gemm_library=auto only:
+ * `mkl` keeps every product on MKL): the LM head's forward,
  * x·Wᵀ against a vocabulary's rows (151936 columns for every Qwen3; no layer is a tenth as
  * wide). On the Intel Xeon (AMX) VM, 2026-12-05, oneDNN's matmul primitive ran that product
  * (512 × 151936 × 1024) 1.10-1.11x MKL's rate (bench/gemm_shapes, two runs; a probe alternating
@@ -517,7 +521,7 @@ static void run(gemm_ctx_t *g, const gemm_entry_t *key, const void *A, const voi
  * ran every other form of the step's products 1.0-1.2x oneDNN's. */
 enum { VOCAB_WIDE = 65536 };
 static bool onednn_runs_wide_forward(const gemm_ctx_t *g, const gemm_entry_t *key) {
-    return !g->mkl_panels && !key->trans_a && key->trans_b && key->N >= VOCAB_WIDE;
+    return g->wide_on_onednn && !key->trans_a && key->trans_b && key->N >= VOCAB_WIDE;
 }
 
 void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
