@@ -17,6 +17,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -897,6 +898,23 @@ def test_abort_on_non_finite_gradient(tmp_path):
 
 # ---- 10. SIGINT -------------------------------------------------------------------------------
 
+def drain(p, timeout):
+    """The rest of p's stdout and all of its stderr, then its exit, within timeout seconds.
+    Not p.communicate(): with both pipes it reads their file descriptors directly, and a line the
+    caller's `for line in p.stdout` had already pulled into the file object's buffer (the next
+    step's, when two arrive in one read) would be lost."""
+    got = {}
+    readers = [threading.Thread(target=lambda name=name, f=f: got.__setitem__(name, f.read()), daemon=True)
+               for name, f in (("out", p.stdout), ("err", p.stderr))]
+    for r in readers:
+        r.start()
+    p.wait(timeout=timeout)
+    for r in readers:
+        r.join(timeout=timeout)
+    assert not any(r.is_alive() for r in readers), "the process exited but its pipes stayed open"
+    return got["out"], got["err"]
+
+
 def test_sigint_stops_cleanly(tmp_path):
     cmd = [str(BIN), str(CONFIG), f"base_output_directory={tmp_path / 'out'}", *FAST, f"run_name={RUN}",
            "steps=200", "data_delay_ms=10"]
@@ -911,7 +929,7 @@ def test_sigint_stops_cleanly(tmp_path):
                 break
             assert time.monotonic() < deadline
         p.send_signal(signal.SIGINT)
-        rest, err = p.communicate(timeout=30)
+        rest, err = drain(p, timeout=30)
     finally:
         if p.poll() is None:
             p.kill()

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_cli import BIN, CONFIG, FAST, PEAK, ROOT, write_tiny_safetensors, write_tokens
+from test_cli import BIN, CONFIG, FAST, PEAK, ROOT, drain, write_tiny_safetensors, write_tokens
 
 pytestmark = pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built (run make)")
 
@@ -461,7 +461,7 @@ def read_until(p, prefix, timeout=60):
 
 def finish(p, timeout=60):
     try:
-        return p.communicate(timeout=timeout)
+        return drain(p, timeout)
     finally:
         if p.poll() is None:
             p.kill()
