@@ -74,12 +74,24 @@ void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B
     /* Row blocks outside, as amx_tile_product: the MR rows of A (8 KiB at 512 deep) stay in L1
      * while the B panels go past them from L2. With the columns outside, A's rows streamed from
      * L3: a step's worth of products ran 1.01x oneDNN's rate where this order ran 1.11x
-     * (bench/gemm_shapes, 512-deep slices, docs/speed.md). */
-    for (int64_t m0 = 0; m0 < M; m0 += MR) {
-        const bf16_t *a = A.p + (m0 / 32) * A.row_block + (m0 % 32 / 16) * A.lower + (m0 % 16) * rs;
+     * (bench/gemm_shapes, 512-deep slices, docs/speed.md). The deep slices (bf16_blocked.c's
+     * k_slice: the LM head's input gradient, 4096 deep) are another matter: there B is 4 MiB, in
+     * L3, and MR rows at a time streamed all of it once per 8 rows. They go DEEP_ROWS rows at a
+     * time (512 KiB of A, in L2), each 32-column B panel (256 KiB) read once per block from L3
+     * and then from L2 for the block's other rows: that product (512 x 1024 x 151936, A in place,
+     * 2 threads) ran 1.065x (963 against 904 GFLOP/s, medians of 7 calls alternated with the
+     * rows-outside order; 32-row blocks 1.065x, 128 1.05x, columns outside over all rows 1.045x)
+     * on the Zen 5, the same bits. */
+    enum { DEEP = 2048, DEEP_ROWS = 64 };
+    const int64_t row_block = K > DEEP ? DEEP_ROWS : MR; /* MR: the rows-outside order */
+    for (int64_t mb = 0; mb < M; mb += row_block) {
+        const int64_t m_end = mb + row_block < M ? mb + row_block : M;
         for (int64_t n0 = 0; n0 < N; n0 += 32) {
             const bf16_t *b0 = B + (n0 / 16) * panel;
-            tile(C + m0 * ldc + n0, ldc, a, rs, A.k_step, b0, b0 + panel, K, accumulate, true);
+            for (int64_t m0 = mb; m0 < m_end; m0 += MR) {
+                const bf16_t *a = A.p + (m0 / 32) * A.row_block + (m0 % 32 / 16) * A.lower + (m0 % 16) * rs;
+                tile(C + m0 * ldc + n0, ldc, a, rs, A.k_step, b0, b0 + panel, K, accumulate, true);
+            }
         }
     }
 }
