@@ -3,21 +3,32 @@
  * rounds). On a shared VM that moves by a quarter or more within minutes; bench/vs_torch.py runs
  * this before and after every run and prints it beside the timings, so a slow round can be told
  * from a slow engine.
- *   build/bench/fma_probe [threads=2] [seconds=0.5]
- * Prints one line: "fma_probe_tflops <TFLOP/s> threads <n> seconds <s>". */
+ * With "bf16" it also runs the bf16 probe a dtype=bfloat16 run starts with (vdpbf16ps chains on
+ * AVX512-BF16, AMX tiles where the CPU has them) and prints its ratio to the fp32 figure.
+ *   build/bench/fma_probe [threads=2] [seconds=0.5] [bf16]
+ * Prints one line: "fma_probe_tflops <TFLOP/s> threads <n> seconds <s>", and with bf16 a second:
+ * "bf16_probe_tflops <TFLOP/s> threads <n> seconds <s> ratio_to_fp32 <x> (<method>)". */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "util/peak.h"
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2;
     double seconds = argc > 2 ? atof(argv[2]) : 0.5;
-    if (threads < 1 || threads > 1024 || !(seconds > 0 && seconds <= 60)) {
-        fprintf(stderr, "usage: fma_probe [threads 1..1024] [seconds (0, 60]]\n");
+    bool bf16 = argc > 3 && strcmp(argv[3], "bf16") == 0;
+    if (threads < 1 || threads > 1024 || !(seconds > 0 && seconds <= 60) || (argc > 3 && !bf16)) {
+        fprintf(stderr, "usage: fma_probe [threads 1..1024] [seconds (0, 60]] [bf16]\n");
         return 2;
     }
-    printf("fma_probe_tflops %.4f threads %d seconds %g\n", peak_probe_tflops(false, threads, seconds), threads,
-           seconds);
+    double fp32 = peak_probe_tflops(false, threads, seconds);
+    printf("fma_probe_tflops %.4f threads %d seconds %g\n", fp32, threads, seconds);
+    if (bf16) {
+        double rate = peak_probe_tflops(true, threads, seconds);
+        printf("bf16_probe_tflops %.4f threads %d seconds %g ratio_to_fp32 %.3f (%s)\n", rate, threads, seconds,
+               rate / fp32, peak_probe_method(true));
+    }
     return 0;
 }
