@@ -127,7 +127,8 @@ int main(int argc, char **argv) {
     printf("  %d threads: %.1f GB/s; 1 thread: %.1f GB/s (%.2f of %d threads)\n", threads, a, o, o / a, threads);
     if (have_bf16) {
         double b = bench_sorted_median(beside, rounds, NULL, NULL);
-        double ma = bench_sorted_median(mm_alone, rounds, NULL, NULL), mb = bench_sorted_median(mm_beside, rounds, NULL, NULL);
+        double ma = bench_sorted_median(mm_alone, rounds, NULL, NULL);
+        double mb = bench_sorted_median(mm_beside, rounds, NULL, NULL);
         printf("  1 thread beside a bf16 matmul on %d: %.1f GB/s (%.2f of %d threads); the matmul %.0f GFLOP/s beside "
                "it, %.0f alone (%.2f)\n", threads - 1, b, b / a, threads, mb, ma, mb / ma);
         /* The update's time saved a step, per second of it on all threads: the sequential update
