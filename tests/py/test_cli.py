@@ -675,6 +675,27 @@ def test_step_ab_bench(tmp_path):
     assert bad.returncode == 2 and "ROUNDS" in bad.stderr
 
 
+def test_adamw_cores_bench():
+    """build/bench/adamw_cores prints the update's rate on all threads and on one, their ratio as
+    the two figures give it, and (on a CPU with a bf16 matmul unit) the rate beside a matmul with
+    the overlap estimate; bad arguments exit 2 with the usage."""
+    tool = BIN.parent / "bench" / "adamw_cores"
+    if not tool.exists():
+        pytest.skip(f"{tool} not built (make bench)")
+    r = subprocess.run([str(tool), "2", "1", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"^  2 threads: (\d+\.\d) GB/s; 1 thread: (\d+\.\d) GB/s \((\d+\.\d\d) of 2 threads\)$", r.stdout, re.M)
+    assert m, r.stdout
+    both, one, ratio = map(float, m.groups())
+    assert both > 0 and one > 0 and abs(one / both - ratio) <= 0.01 + 0.1 / both, r.stdout
+    if "no bf16 matmul unit" not in r.stdout:
+        assert re.search(r"^  1 thread beside a bf16 matmul on 1: \d+\.\d GB/s .* the matmul \d+ GFLOP/s beside it, "
+                         r"\d+ alone", r.stdout, re.M), r.stdout
+        assert re.search(r"^  overlap estimate: the update's cost would be -?\d+\.\d\d of its time", r.stdout, re.M)
+    bad = subprocess.run([str(tool), "1"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "usage: adamw_cores" in bad.stderr
+
+
 # ---- 5. the loss of step N is read only after step N+1 has started ----------------------------
 
 def test_loss_read_one_step_late(tmp_path):
