@@ -87,6 +87,14 @@ void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t 
     for (int64_t n0 = 0; n0 < Np; n0 += 16)
         for (int64_t k0 = 0; k0 < Kp; k0 += 32) {
             __m512i w[16];
+            /* The next panel's 16 rows, 64 bytes each, asked for ahead: the forward packs the
+             * weights (Wᵀ) from memory, where the update has just written them, and the loads of
+             * 16 rows a whole weight row apart waited there. In six pairs of profiled 28-layer
+             * qwen3-0.6b bf16 runs alternated with and without it (Zen 5, 2026-12-06) the forward
+             * products ran 1.00-1.04x and the step 1.001-1.022x, every pair in favour, most in
+             * the VM's slower memory phase. */
+            for (int c = 0; c < 16 && n0 + 16 + c < N; c++)
+                _mm_prefetch((const char *)(src + (n0 + 16 + c) * ld + k0), _MM_HINT_T0);
             for (int c = 0; c < 16; c++) w[c] = load_row32(n0 + c < N ? src + (n0 + c) * ld + k0 : NULL, K - k0);
             transpose16x16_epi32(w);
             for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + (n0 / 16) * panel + k0 / 2 * 32 + j * 32, w[j]);
