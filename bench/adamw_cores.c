@@ -22,7 +22,6 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "benchutil.h"
 #include "kernels/adamw.h"
@@ -32,6 +31,13 @@
 #include "util/arena.h"
 
 enum { MAX_ROUNDS = 64, WEIGHTS = 8 };
+
+/* The gate_up forward [M × K] · [N × K]ᵀ on `threads` threads, with the call-th of the WEIGHTS
+ * weight matrices. */
+enum { M = 1024, N = 6144, K = 1024 };
+static void gate_up_forward(const bf16_t *x, const bf16_t *w, float *y, bf16_t *work, int threads, int call) {
+    bf16_blocked_gemm(false, true, M, N, K, x, K, w + (int64_t)(call % WEIGHTS) * N * K, K, y, N, false, work, threads);
+}
 
 static void *alloc_or_die(size_t bytes, const char *what) {
     char err[256];
@@ -59,7 +65,6 @@ int main(int argc, char **argv) {
     const double bytes = 30.0 * (double)n;
 
     const bool have_bf16 = amx_available() || dpbf16_available();
-    const int64_t M = 1024, N = 6144, K = 1024;
     bf16_t *x = NULL, *w = NULL, *work = NULL;
     float *y = NULL;
     if (have_bf16) {
@@ -89,36 +94,30 @@ int main(int argc, char **argv) {
         /* The matmul alone on threads - 1, then beside one thread's update until it is done. */
         t0 = bench_now();
         int calls = 0;
-        do {
-            bf16_blocked_gemm(false, true, M, N, K, x, K, w + calls % WEIGHTS * N * K, K, y, N, false, work,
-                              threads - 1);
-            calls++;
-        } while (bench_now() - t0 < 0.3);
+        do gate_up_forward(x, w, y, work, threads - 1, calls++);
+        while (bench_now() - t0 < 0.3);
         mm_alone[r] = flops * calls / (bench_now() - t0) / 1e9;
         double update_s = 0, mm_rate = 0;
         atomic_bool updated = false;
+        const int64_t t = ++step;
         omp_set_max_active_levels(2);
 #pragma omp parallel num_threads(2)
         {
             if (omp_get_thread_num() == 1) {
                 omp_set_num_threads(1);
                 double s = bench_now();
-                adamw_update(p, m, v, g, n, step + 1, 1.0f, &hp, p16);
+                adamw_update(p, m, v, g, n, t, 1.0f, &hp, p16);
                 update_s = bench_now() - s;
                 atomic_store(&updated, true);
             } else {
                 double s = bench_now();
                 int c = 0;
-                do { /* whole calls, until the update is done */
-                    bf16_blocked_gemm(false, true, M, N, K, x, K, w + c % WEIGHTS * N * K, K, y, N, false, work,
-                                      threads - 1);
-                    c++;
-                } while (!atomic_load(&updated));
+                do gate_up_forward(x, w, y, work, threads - 1, c++); /* whole calls, until the update is done */
+                while (!atomic_load(&updated));
                 mm_rate = flops * c / (bench_now() - s) / 1e9;
             }
         }
         omp_set_max_active_levels(1);
-        step++;
         beside[r] = bytes / update_s / 1e9;
         mm_beside[r] = mm_rate;
     }
