@@ -84,10 +84,26 @@ void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B
      * on the Zen 5, the same bits. */
     enum { DEEP = 2048, DEEP_ROWS = 64 };
     const int64_t row_block = K > DEEP ? DEEP_ROWS : MR; /* MR: the rows-outside order */
+    /* A read in place (row-major: 32-deep steps 32 elements apart) comes from wherever its
+     * producer left it, and each MR-row block's first tile had waited on its lines: in some VM
+     * phases the layers' products with K past 1024 (their A 4-12 MiB) ran 0.86x their usual rate
+     * in whole runs. So each column tile asks for its share of the next row block's lines (MR
+     * rows × K/32), the first 32-deep steps first. Alternated call by call in profiled qwen3-0.6b
+     * bf16 steps, those products ran 1.02-1.08x in that phase and level otherwise; a packed A,
+     * which this thread has just written, gained nothing (docs/speed.md). */
+    const bool prefetch_a = A.k_step == 32 && row_block == MR;
+    const int64_t a_lines = MR * (K / 32), col_tiles = (N + 31) / 32;
+    const int64_t lines_per_tile = (a_lines + col_tiles - 1) / col_tiles;
     for (int64_t mb = 0; mb < M; mb += row_block) {
         const int64_t m_end = mb + row_block < M ? mb + row_block : M;
+        const bf16_t *a_next = NULL;
+        if (prefetch_a && m_end < M)
+            a_next = A.p + (m_end / 32) * A.row_block + (m_end % 32 / 16) * A.lower + (m_end % 16) * rs;
+        int64_t line = 0;
         for (int64_t n0 = 0; n0 < N; n0 += 32) {
             const bf16_t *b0 = B + (n0 / 16) * panel;
+            for (int64_t end = line + lines_per_tile; a_next && line < end && line < a_lines; line++)
+                _mm_prefetch((const char *)(a_next + (line % MR) * rs + (line / MR) * 32), _MM_HINT_T0);
             for (int64_t m0 = mb; m0 < m_end; m0 += MR) {
                 const bf16_t *a = A.p + (m0 / 32) * A.row_block + (m0 % 32 / 16) * A.lower + (m0 % 16) * rs;
                 tile(C + m0 * ldc + n0, ldc, a, rs, A.k_step, b0, b0 + panel, K, accumulate, true);
