@@ -56,7 +56,8 @@ def run(overrides, workdir, name, args, binary):
     steps, n = args.steps, args.profiled
     prof = [f"steps={steps}", "profiler=xplane", f"skip_first_n_steps_for_profiler={steps - n}", f"profiler_steps={n}"]
     probe0 = benchlib.fma_probe(args.threads)
-    res = benchlib.run_stepscope([*args.common, *overrides, *prof], workdir, name, args.threads, args.peak,
+    over = [*args.common, *overrides, *prof]
+    res = benchlib.run_stepscope(over, workdir, name, args.threads, benchlib.matmul_peak(over, args.peak),
                                  binary=binary)
     probe1 = benchlib.fma_probe(args.threads)
     if res["rc"] != 0:

@@ -138,6 +138,24 @@ def median_step(seconds):
     return statistics.median(timed)
 
 
+def cpu_has_bf16_unit():
+    """Whether /proc/cpuinfo lists a bf16 dot-product unit (AVX512-BF16 or AMX-BF16)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return True
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def matmul_peak(overrides, fp32_peak):
+    """The peak of a stepscope run's matmul dtype, which is what its device_peak_tflops means:
+    twice the fp32 peak for a dtype=bfloat16 run on a CPU with a bf16 dot-product unit (2 flop a
+    bf16 pair, both FMA pipes), the fp32 peak otherwise (bf16 is emulated at the fp32 rate)."""
+    bf16 = "dtype=bfloat16" in overrides
+    return 2 * fp32_peak if bf16 and cpu_has_bf16_unit() else fp32_peak
+
+
 def run_stepscope(overrides, workdir, name, threads, peak, rss_cap=None, timeout=None, binary=None):
     """One stepscope run (of `binary`, default build/stepscope); adds per-step seconds and losses
     from its metrics.jsonl."""

@@ -72,7 +72,7 @@ def main():
     unknown = [r for r in runs if r not in RUNS]
     if unknown:
         ap.error(f"unknown run {unknown[0]!r}; choose from {', '.join(RUNS)}")
-    bf16_peak = a.bf16_peak or (2 * a.peak if cpu_has_bf16_unit() else a.peak)
+    bf16_peak = a.bf16_peak or bl.matmul_peak(["dtype=bfloat16"], a.peak)
     if a.passive:
         os.environ["OMP_WAIT_POLICY"] = "passive"
     if any(RUNS[r][0] == "torch" for r in runs):
@@ -111,7 +111,7 @@ def main():
                     over = base + (["dtype=bfloat16"] if dtype == "bfloat16" else [])
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: stepscope")
                     probe0 = bl.fma_probe(a.threads)
-                    res = bl.run_stepscope(over, workdir, name, a.threads, a.peak)
+                    res = bl.run_stepscope(over, workdir, name, a.threads, bf16_peak if dtype == "bfloat16" else a.peak)
                 else:
                     cap = bl.memory_cap(a.memory_cap_gib)
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: torch {mode} {dtype} (RSS cap {cap / bl.GIB:.1f} GiB)")
@@ -151,16 +151,6 @@ def summarise(reps):
             "probe": [r.get("probe") for r in ok],
             "steps": len(ok[0]["seconds"]), "repeats": len(ok), "loss": ok[0]["losses"][:3],
             "cmds": [r["cmd"] for r in ok]}
-
-
-def cpu_has_bf16_unit():
-    """Whether /proc/cpuinfo lists a bf16 dot-product unit (AVX512-BF16 or AMX-BF16)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return True
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def print_tables(a, configs, runs, results, plans, bf16_peak):

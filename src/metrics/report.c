@@ -28,6 +28,7 @@ struct report {
     tfevents_t *tb;
     double *seconds; /* per logged step */
     int64_t num_logged, cap;
+    bool warned_peak; /* an MFU over 100% has been pointed out */
 };
 
 static int dirname_of(const char *path, char *out, size_t n) {
@@ -166,6 +167,23 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
            (long long)rec->step, rec->seconds, tflops_s, tokens_s, mfu, (long long)r->plan.tokens_per_device * r->plan.num_ranks,
            rec->loss);
     fflush(stdout);
+    /* An MFU over 100% says the peak is wrong, not the step: most often the fp32 peak passed to
+     * a dtype=bfloat16 run (device_peak_tflops is the matmul dtype's), or a probe taken while
+     * another process held a core. Said once, on stderr, so that no such figure goes unexplained. */
+    if (mfu > 100.0 && !r->warned_peak) {
+        r->warned_peak = true;
+        if (r->cfg->device_peak_tflops > 0)
+            fprintf(stderr,
+                    "stepscope: MFU %.1f%% at step %lld: device_peak_tflops=%g is below what this run reaches; it "
+                    "is the peak of this run's matmul dtype (%s): pass that, or 0 to probe it\n",
+                    mfu, (long long)rec->step, r->cfg->device_peak_tflops, dtype_name(r->cfg->dtype));
+        else
+            fprintf(stderr,
+                    "stepscope: MFU %.1f%% at step %lld: the start-up probe's peak (%.4f TFLOP/s) is below what this "
+                    "run reaches (was another process using a core then?); pass this machine's peak as "
+                    "device_peak_tflops\n",
+                    mfu, (long long)rec->step, r->peak_tflops);
+    }
     char loss[32], gn[32], raw_gn[32];
     /* The line is built in memory and written with one write(): the file only ever holds
      * whole lines, and a failed write is cut back so it still does. */

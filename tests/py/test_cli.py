@@ -390,6 +390,22 @@ def test_tiny_run_outputs(tmp_path):
 
 # ---- 3. refusals ------------------------------------------------------------------------------
 
+def test_mfu_over_100_percent_is_pointed_out_once(tmp_path):
+    # A peak far below what any CPU reaches (as the fp32 peak passed to a bf16 run is): every
+    # step's MFU is over 100%, and one line on stderr says which number is wrong.
+    for dtype in ("float32", "bfloat16"):
+        r = stepscope(tmp_path, "model_name=tiny", "device_peak_tflops=0.00001", "profiler=", "steps=3",
+                      f"dtype={dtype}", f"run_name=low_{dtype}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        said = [l for l in r.stderr.splitlines() if "below what this run reaches" in l]
+        assert len(said) == 1, r.stderr
+        assert said[0].startswith("stepscope: MFU ") and "at step 0" in said[0], said
+        assert "device_peak_tflops=1e-05" in said[0] and f"matmul dtype ({dtype})" in said[0], said
+    # the tiny model runs far below a real peak: nothing to say
+    r = train(tmp_path, "steps=2", run_name="sane")
+    assert "below what this run reaches" not in r.stderr, r.stderr
+
+
 def test_refuses_unknown_key(tmp_path):
     r = stepscope(tmp_path, *FAST, "learning_rat=1")
     assert_refused(r, tmp_path, "learning_rat", "did you mean", "learning_rate")
