@@ -13,6 +13,11 @@
  * in L2 while its rows go by. The whole-packed operand's space holds FULL × KC elements, or on
  * AVX512-BF16 NC × DEEP_KC for the deep slices (k_slice). */
 enum { MC = 256, NC = 512, KC = 1024, FULL = 1024, DEEP_KC = 4096, BLK = (MC > NC ? MC : NC) * KC };
+/* dpbf16_tile_product tells a deep slice by its depth alone (DPBF16_DEEP_K): the other slices
+ * (512, or KC on AMX) stay below it, and a deep one (k_slice: the whole-packed space over the
+ * thread's columns, at most FULL of them, capped at DEEP_KC) reaches it even on one thread. */
+_Static_assert((int)KC < (int)DPBF16_DEEP_K && (int)(NC * DEEP_KC / FULL) >= (int)DPBF16_DEEP_K,
+               "bf16_blocked's slices and dpbf16.h's DPBF16_DEEP_K disagree");
 
 /* The whole-packed operand's space: AMX takes no deep slices (bf16_blocked_fits). */
 static int64_t whole_elems(void) {

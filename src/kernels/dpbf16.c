@@ -81,9 +81,10 @@ void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B
      * and then from L2 for the block's other rows: that product (512 x 1024 x 151936, A in place,
      * 2 threads) ran 1.065x (963 against 904 GFLOP/s, medians of 7 calls alternated with the
      * rows-outside order; 32-row blocks 1.065x, 128 1.05x, columns outside over all rows 1.045x)
-     * on the Zen 5, the same bits. */
-    enum { DEEP = 2048, DEEP_ROWS = 64 };
-    const int64_t row_block = K > DEEP ? DEEP_ROWS : MR; /* MR: the rows-outside order */
+     * on the Zen 5, the same bits. On one thread the slices are 2048 deep (the whole-packed space
+     * over 1024 columns), which the test once read as shallow: 1.05-1.06x there with the row blocks. */
+    enum { DEEP_ROWS = 64 };
+    const int64_t row_block = K >= DPBF16_DEEP_K ? DEEP_ROWS : MR; /* MR: the rows-outside order */
     /* A read in place (row-major: 32-deep steps 32 elements apart) comes from wherever its
      * producer left it, and each MR-row block's first tile had waited on its lines: in some VM
      * phases the layers' products with K past 1024 (their A 4-12 MiB) ran 0.86x their usual rate

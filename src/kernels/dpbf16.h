@@ -27,7 +27,10 @@ void dpbf16_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16
 
 /* amx_tile_product's contract on these dot products: C[M, N] (+)= A · B over K, A's tiles in
  * either of amx.h's layouts (row-major or packed by amx_pack_a), B packed with K extent Bk;
- * M, N, K multiples of 32. For the blocked whole-matrix GEMM (bf16_blocked.h) on CPUs without AMX. */
+ * M, N, K multiples of 32. For the blocked whole-matrix GEMM (bf16_blocked.h) on CPUs without AMX.
+ * A K of DPBF16_DEEP_K or more is taken for one of that GEMM's deep slices (B in L3, not L2) and
+ * walked in row blocks that keep A in L2 (dpbf16.c); shallower ones go 8 rows at a time. */
+enum { DPBF16_DEEP_K = 2048 };
 void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M, int64_t N,
                          int64_t K, bool accumulate);
 
