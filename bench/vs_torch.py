@@ -111,7 +111,8 @@ def main():
                     over = base + (["dtype=bfloat16"] if dtype == "bfloat16" else [])
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: stepscope")
                     probe0 = bl.fma_probe(a.threads)
-                    res = bl.run_stepscope(over, workdir, name, a.threads, bf16_peak if dtype == "bfloat16" else a.peak)
+                    peak = bf16_peak if dtype == "bfloat16" else a.peak  # the dtype's peak
+                    res = bl.run_stepscope(over, workdir, name, a.threads, peak)
                 else:
                     cap = bl.memory_cap(a.memory_cap_gib)
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: torch {mode} {dtype} (RSS cap {cap / bl.GIB:.1f} GiB)")

@@ -82,7 +82,8 @@ void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B
      * 2 threads) ran 1.065x (963 against 904 GFLOP/s, medians of 7 calls alternated with the
      * rows-outside order; 32-row blocks 1.065x, 128 1.05x, columns outside over all rows 1.045x)
      * on the Zen 5, the same bits. On one thread the slices are 2048 deep (the whole-packed space
-     * over 1024 columns), which the test once read as shallow: 1.05-1.06x there with the row blocks. */
+     * over 1024 columns), which a threshold of K > 2048 had left to the rows-outside order: 1.05-1.06x
+     * there with the row blocks. */
     enum { DEEP_ROWS = 64 };
     const int64_t row_block = K >= DPBF16_DEEP_K ? DEEP_ROWS : MR; /* MR: the rows-outside order */
     /* A read in place (row-major: 32-deep steps 32 elements apart) comes from wherever its

@@ -388,8 +388,6 @@ def test_tiny_run_outputs(tmp_path):
         assert e.value == pytest.approx(rec["perf/step_time_seconds"], abs=1e-6)
 
 
-# ---- 3. refusals ------------------------------------------------------------------------------
-
 def test_mfu_over_100_percent_is_pointed_out_once(tmp_path):
     # A peak far below what any CPU reaches (as the fp32 peak passed to a bf16 run is): every
     # step's MFU is over 100%, and one line on stderr says which number is wrong.
@@ -405,6 +403,8 @@ def test_mfu_over_100_percent_is_pointed_out_once(tmp_path):
     r = train(tmp_path, "steps=2", run_name="sane")
     assert "below what this run reaches" not in r.stderr, r.stderr
 
+
+# ---- 3. refusals ------------------------------------------------------------------------------
 
 def test_refuses_unknown_key(tmp_path):
     r = stepscope(tmp_path, *FAST, "learning_rat=1")
