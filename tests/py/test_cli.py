@@ -814,6 +814,24 @@ def test_profile_files(tmp_path):
     bars = [float(r.get("width")) for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("fill-opacity")]
     assert bars and all(0 <= w <= 420 for w in bars)
 
+    # each matmul form step by step (tools/matmul_forms.py): one row per form, a rate per
+    # profiled step, and the overall rate as its flops over its time in the trace
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "matmul_forms.py"), str(run_dir(tmp_path))],
+                         check=True, capture_output=True, text=True).stdout.splitlines()
+    assert re.search(r"peak \d+\.\d GFLOP/s$", out[0]), out[0]
+    assert re.search(r"\bstep 1\s+step 2\s+all\s+% of peak$", out[1]), out[1]
+    mm = [e for e in events if e["ph"] == "X" and e.get("cat") == "matmul"]
+    forms = sorted({e["name"] for e in mm})
+    rows = {line.rsplit("]", 1)[0] + "]": line.rsplit("]", 1)[1].split() for line in out[3:]}
+    assert sorted(rows) == forms, (sorted(rows), forms)
+    name = forms[0]
+    calls = [e for e in mm if e["name"] == name]
+    want = sum(e["args"]["flops"] for e in calls) / sum(e["dur"] for e in calls) / 1e3
+    calls_per_step, ms_per_step, g1, g2, g_all, pct = rows[name]
+    assert int(calls_per_step) == len(calls) // 2 and float(ms_per_step) > 0
+    assert abs(float(g_all) - want) <= 0.5 + 1e-9 * want, (g_all, want)
+    assert float(pct) == pytest.approx(100 * want / summ["peak_gflops"], abs=0.06)
+
     # console: the op summary table
     assert "op summary, profiled steps 1..2:" in r.stdout
     assert re.search(r"^category\s+part\s+calls\s+total ms.*p10-p90 GFLOP/s$", r.stdout, re.M)
