@@ -152,7 +152,8 @@ def matmul_peak(overrides, fp32_peak):
     """The peak of a stepscope run's matmul dtype, which is what its device_peak_tflops means:
     twice the fp32 peak for a dtype=bfloat16 run on a CPU with a bf16 dot-product unit (2 flop a
     bf16 pair, both FMA pipes), the fp32 peak otherwise (bf16 is emulated at the fp32 rate)."""
-    bf16 = "dtype=bfloat16" in overrides
+    dtypes = [o.split("=", 1)[1] for o in overrides if o.startswith("dtype=")]
+    bf16 = bool(dtypes) and dtypes[-1] == "bfloat16"  # the last one wins, as in stepscope
     return 2 * fp32_peak if bf16 and cpu_has_bf16_unit() else fp32_peak
 
 
