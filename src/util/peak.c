@@ -47,7 +47,9 @@ static double fma_burst(float seed, float *sink) {
  * 0.985 TFLOP/s on 2 threads where 16 read 1.067-1.071, twice the FMA rate as the unit's
  * width says (a scratch probe, 2026-12-06; 8 chains 0.71, 24 spill registers). The 12-chain
  * figure had overstated every bf16 MFU there by 8%. */
-enum { DP_CHAINS = 16 };
+#define DP_CHAINS 16 /* a macro, so that peak_probe_method's text says it too */
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
 static double dpbf16_burst(float seed, float *sink) {
 #if defined(__AVX512BF16__)
     __m512 a[DP_CHAINS];
@@ -127,7 +129,9 @@ const char *peak_probe_method(bool bf16) {
     if (bf16 && amx_available()) return "probe: 4 independent AMX tile bf16 dot-product (tdpbf16ps) chains per compute thread, best of 5 rounds";
 #endif
 #if defined(__AVX512BF16__)
-    if (bf16) return "probe: 16 independent 512-bit bf16 dot-product (vdpbf16ps) chains per compute thread, best of 5 rounds";
+    if (bf16)
+        return "probe: " STRINGIFY(DP_CHAINS) " independent 512-bit bf16 dot-product (vdpbf16ps) chains per compute thread, "
+               "best of 5 rounds";
 #endif
     /* Without a bf16 unit the bf16 products are widened to fp32 and run at its rate. */
 #if defined(__AVX512F__)
