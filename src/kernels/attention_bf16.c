@@ -61,11 +61,6 @@ static bf16_t *v16_of(float *scratch, const attn_shape_t *a, int64_t b, int64_t 
     return (bf16_t *)scratch + a->B * a->KV * a->S * a->HD + (b * a->KV + kvh) * a->S * a->HD;
 }
 
-/* Asks for the n floats from row into cache ahead of their use (no fault, no wait). */
-static void prefetch_row(const float *row, int64_t n) {
-    for (int64_t i = 0; i < n; i += 64 / (int64_t)sizeof(float)) __builtin_prefetch(row + i, 0, 3);
-}
-
 void attention_rows_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t ld, int64_t rows, int64_t rows_pad,
                             int64_t HD) {
     /* A head's rows sit a whole activation row apart (16 KiB for qwen3-0.6b's q): each its own
@@ -74,7 +69,7 @@ void attention_rows_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t 
      * ahead keeps several in flight. */
     enum { AHEAD = 8 };
     for (int64_t r = 0; r < rows_pad; r++) {
-        if (r + AHEAD < rows) prefetch_row(src + (r + AHEAD) * ld, HD);
+        if (r + AHEAD < rows) attention_prefetch_row(src + (r + AHEAD) * ld, HD);
         if (r < rows) {
             bf16_from_f32_block(dst + r * HDp, src + r * ld, HD);
             memset(dst + r * HDp + HD, 0, (size_t)(HDp - HD) * sizeof(bf16_t));

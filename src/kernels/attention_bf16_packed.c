@@ -131,15 +131,50 @@ static packed_bufs_t packed_bufs(float *scratch, const attn_shape_t *a) {
     return t;
 }
 
-/* dst[HDp, QB] = bf16(src rows [nq, HD], row stride ld)ᵀ, zero-padded to nqp columns and HDp
- * rows: the A operand of dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P. */
-static void rows_to_bf16_transposed(bf16_t *dst, const float *src, int64_t ld, int64_t nq, int64_t nqp, int64_t HD,
-                                    int64_t HDp) {
-    transpose_f32_to_bf16_serial(dst, QB, src, ld, nq, HD);
+/* The zero padding of a transposed operand [HDp, QB]: columns nq..nqp of its HD rows, and the
+ * whole of rows HD..HDp, up to column nqp. */
+static void zero_transposed_padding(bf16_t *dst, int64_t nq, int64_t nqp, int64_t HD, int64_t HDp) {
     for (int64_t d = 0; d < HDp; d++) {
         int64_t from = d < HD ? nq : 0;
         memset(dst + d * QB + from, 0, (size_t)(nqp - from) * sizeof(bf16_t));
     }
+}
+
+/* A backward block's operands from its rows of q, dO and O (each row HD floats; rows a whole
+ * activation row apart, 16 KiB for qwen3-0.6b's q): q and dO in bf16 row-major [nqp, HDp] (A of
+ * the scores and dP) and transposed [HDp, QB] (A of dKᵀ and dVᵀ), zero-padded, and Di = Σ dO·O
+ * per row (0 for the padding rows). One pass over the rows, 16 at a time: each row is read from
+ * memory once, with the next rows asked for ahead, and a band's transposes read it from L1. Taken
+ * as four passes (two roundings, two transposes, and Di reading dO a third time) every pass
+ * waited on memory again: the rows are each on their own page, where the hardware prefetcher
+ * starts over. The same bits: the same roundings and the same Di sums. */
+static void backward_block_operands(const packed_bufs_t *t, float *di, const float *qp, int64_t ld_q, const float *dop,
+                                    int64_t ld_dout, const float *op, int64_t ld_out, int64_t nq, int64_t nqp,
+                                    int64_t HD, int64_t HDp) {
+    enum { BAND = 16, AHEAD = 8 };
+    for (int64_t r0 = 0; r0 < nq; r0 += BAND) {
+        const int64_t r1 = r0 + BAND < nq ? r0 + BAND : nq;
+        for (int64_t r = r0; r < r1; r++) {
+            if (r + AHEAD < nq) {
+                attention_prefetch_row(qp + (r + AHEAD) * ld_q, HD);
+                attention_prefetch_row(dop + (r + AHEAD) * ld_dout, HD);
+                attention_prefetch_row(op + (r + AHEAD) * ld_out, HD);
+            }
+            bf16_from_f32_block(t->q16 + r * HDp, qp + r * ld_q, HD);
+            bf16_from_f32_block(t->do16 + r * HDp, dop + r * ld_dout, HD);
+            di[r] = attention_row_dot(dop + r * ld_dout, op + r * ld_out, HD);
+        }
+        transpose_f32_to_bf16_serial(t->qt16 + r0, QB, qp + r0 * ld_q, ld_q, r1 - r0, HD);
+        transpose_f32_to_bf16_serial(t->dot16 + r0, QB, dop + r0 * ld_dout, ld_dout, r1 - r0, HD);
+    }
+    for (int64_t r = 0; r < nqp; r++) {
+        const int64_t from = r < nq ? HD : 0;
+        memset(t->q16 + r * HDp + from, 0, (size_t)(HDp - from) * sizeof(bf16_t));
+        memset(t->do16 + r * HDp + from, 0, (size_t)(HDp - from) * sizeof(bf16_t));
+    }
+    for (int64_t r = nq; r < nqp; r++) di[r] = 0.0f;
+    zero_transposed_padding(t->qt16, nq, nqp, HD, HDp);
+    zero_transposed_padding(t->dot16, nq, nqp, HD, HDp);
 }
 
 /* The four packed forms of this (batch, kv head)'s K and V, through a bf16 row-major copy. */
@@ -295,15 +330,10 @@ void attention_backward_bf16_packed(float *dq, int64_t ld_dq, float *dk, int64_t
                 int64_t nqp = amx_round32(nq);
                 const float *dop = dout + (b * S + i0) * ld_dout + h * HD, *op = out + (b * S + i0) * ld_out + h * HD;
                 const float *qp = q + (b * S + i0) * ld_q + h * HD;
-                attention_rows_to_bf16(t.q16, HDp, qp, ld_q, nq, nqp, HD);
-                attention_rows_to_bf16(t.do16, HDp, dop, ld_dout, nq, nqp, HD);
-                rows_to_bf16_transposed(t.qt16, qp, ld_q, nq, nqp, HD, HDp);
-                rows_to_bf16_transposed(t.dot16, dop, ld_dout, nq, nqp, HD, HDp);
-                float di[QB];
-                for (int64_t r = 0; r < nq; r++) di[r] = attention_row_dot(dop + r * ld_dout, op + r * ld_out, HD);
                 /* Rows nq..nqp of P and dP are zero (zero q and dO rows): as K rows of the dKᵀ
                  * and dVᵀ products they add nothing. */
-                for (int64_t r = nq; r < nqp; r++) di[r] = 0.0f;
+                float di[QB];
+                backward_block_operands(&t, di, qp, ld_q, dop, ld_dout, op, ld_out, nq, nqp, HD, HDp);
                 /* The keys before the block, KCHUNK at a time, each seen by every query: its
                  * scores and dP, then P and dS, then dKᵀ += Qᵀ·dS and dVᵀ += dOᵀ·P over it. */
                 for (int64_t j0 = 0; j0 < i0; j0 += KCHUNK) {

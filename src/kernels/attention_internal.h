@@ -38,6 +38,11 @@ void attention_scale_rows(float *rows, int64_t ld, int64_t nq, int64_t HD, const
  * backward's Di = Σ dO·O for one query row. */
 float attention_row_dot(const float *a, const float *b, int64_t n);
 
+/* Asks for the n floats from row into cache ahead of their use (no fault, no wait). */
+static inline void attention_prefetch_row(const float *row, int64_t n) {
+    for (int64_t i = 0; i < n; i += 64 / (int64_t)sizeof(float)) __builtin_prefetch(row + i, 0, 3);
+}
+
 /* dst[rows_pad, HDp] = bf16(src rows [rows, HD], row stride ld), zero-padded to rows_pad rows
  * and HDp columns (the AMX kernel's tile multiples; the library path passes rows and HD). */
 void attention_rows_to_bf16(bf16_t *dst, int64_t HDp, const float *src, int64_t ld, int64_t rows, int64_t rows_pad,
