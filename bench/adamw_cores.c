@@ -36,7 +36,7 @@ enum { MAX_ROUNDS = 64, WEIGHTS = 8 };
  * weight matrices. */
 enum { M = 1024, N = 6144, K = 1024 };
 static void gate_up_forward(const bf16_t *x, const bf16_t *w, float *y, bf16_t *work, int threads, int call) {
-    bf16_blocked_gemm(false, true, M, N, K, x, K, w + (int64_t)(call % WEIGHTS) * N * K, K, y, N, false, work, threads);
+    bf16_blocked_gemm(false, true, M, N, K, x, K, w + (int64_t)(call % WEIGHTS) * N * K, K, y, N, false, work, threads, NULL);
 }
 
 static void *alloc_or_die(size_t bytes, const char *what) {

@@ -316,7 +316,7 @@ static double bf16_blocked_case(bool ta, bool tb, int64_t M, int64_t N, int64_t 
     fill_const(C, (size_t)(M * ldc), SENTINEL);
     for (int64_t i = 0; i < M; i++) fill_uniform(C + i * ldc, (size_t)N, rng, -1.0f, 1.0f);
     memcpy(Cref, C, (size_t)(M * ldc) * sizeof(float));
-    bf16_blocked_gemm(ta, tb, M, N, K, A16, lda, B16, ldb, C, ldc, acc, work, threads);
+    bf16_blocked_gemm(ta, tb, M, N, K, A16, lda, B16, ldb, C, ldc, acc, work, threads, NULL);
     gemm_f32_naive(ta, tb, M, N, K, A, lda, B, ldb, Cref, ldc, acc);
     double err = rel_err_2d(C, ldc, Cref, ldc, M, N);
     if (!padding_intact(C, M, N, ldc, SENTINEL))
@@ -387,6 +387,79 @@ static void test_bf16_blocked_vs_naive(void **state) {
     gemm_f32_naive(false, false, M, N, K, A, K, B, N, Cref, N, false);
     CHECK_LE("gemm_bf16 (auto: our blocked kernel) vs naive", rel_err_2d(C, N, Cref, N, M, N), K * 0x1p-24);
     free(A16), free(B16), free(A), free(B), free(C), free(Cref);
+    gemm_destroy(g);
+}
+
+/* The weight gradients' sums of squares (bf16_blocked_gemm's tile_sumsq, gemm_bf16_sumsq): C
+ * is the same to the bit as without them; each 8 × 32 tile's sum matches Σ C² over that tile in
+ * double to 256 · 2⁻²⁴ ≈ 1.5e-5 relative (float sums of 256 positive terms; bound 2e-5); the
+ * sums are the same bits on one and two threads; and gemm_bf16_sumsq's total over the tiles
+ * matches Σ C² the same way. Shapes over the kernel's paths: A packed (K off 32), A in place,
+ * several 512-deep slices (the sums from the last), a transposed A (the weight gradient's form),
+ * and the GotoBLAS blocks (C too wide both ways). */
+static void test_bf16_blocked_sums_of_squares(void **state) {
+    (void)state;
+    char err[512] = "";
+    gemm_ctx_t *g = gemm_create(GEMM_LIB_AUTO, err, sizeof err);
+    if (!g) fail_msg("gemm_create: %s", err);
+    if (!bf16_blocked_sums_squares()) {
+        /* Elsewhere gemm_bf16_sumsq computes C alone and says so. */
+        float A[32 * 32] = {0}, C[32 * 32];
+        bf16_t A16[32 * 32] = {0};
+        double sq = -1.0;
+        assert_false(gemm_bf16_sumsq(g, false, false, 32, 32, 32, A16, 32, A16, 32, C, 32,
+                                     (float[4]){0}, &sq));
+        (void)A;
+        gemm_destroy(g);
+        printf("tile sums of squares not tested: this CPU or build has no AVX512-BF16 dot products (or has AMX)\n");
+        skip();
+    }
+    static const int64_t cases[][5] = {/* M, N, K, pad, trans_a */
+                                       {64, 96, 300, 5, 0}, {96, 64, 320, 0, 0}, {64, 32, 2088, 7, 1},
+                                       {320, 64, 1024, 0, 1}, {1088, 1056, 40, 1, 0}};
+    test_rng_t rng = {91};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t M = cases[c][0], N = cases[c][1], K = cases[c][2], pad = cases[c][3];
+        const bool ta = cases[c][4];
+        int64_t lda = (ta ? M : K) + pad, ldb = N + pad, ldc = N + pad;
+        int64_t na = (ta ? K : M) * lda, nb = K * ldb, tiles = gemm_sumsq_floats(M, N);
+        float *A = falloc((size_t)na), *B = falloc((size_t)nb);
+        float *C[3] = {falloc((size_t)(M * ldc)), falloc((size_t)(M * ldc)), falloc((size_t)(M * ldc))};
+        float *sums[2] = {falloc((size_t)tiles), falloc((size_t)tiles)};
+        bf16_t *A16 = malloc((size_t)na * sizeof(bf16_t)), *B16 = malloc((size_t)nb * sizeof(bf16_t));
+        bf16_t *work = aligned_alloc(64, (size_t)(2 * bf16_blocked_workspace_elems()) * sizeof(bf16_t));
+        fill_bf16_exact(A, A16, na, &rng);
+        fill_bf16_exact(B, B16, nb, &rng);
+        for (int t = 0; t < 2; t++)
+            bf16_blocked_gemm(ta, false, M, N, K, A16, lda, B16, ldb, C[t], ldc, false, work, t + 1, sums[t]);
+        bf16_blocked_gemm(ta, false, M, N, K, A16, lda, B16, ldb, C[2], ldc, false, work, 2, NULL);
+        for (int64_t i = 0; i < M; i++)
+            if (memcmp(C[0] + i * ldc, C[2] + i * ldc, (size_t)N * sizeof(float)) ||
+                memcmp(C[1] + i * ldc, C[2] + i * ldc, (size_t)N * sizeof(float)))
+                fail_msg("%ldx%ldx%ld: C with tile sums differs from C without", (long)M, (long)N, (long)K);
+        if (memcmp(sums[0], sums[1], (size_t)tiles * sizeof(float)))
+            fail_msg("%ldx%ldx%ld: tile sums differ between 1 and 2 threads", (long)M, (long)N, (long)K);
+        double worst = 0.0, total = 0.0;
+        for (int64_t ti = 0; ti < M / 8; ti++)
+            for (int64_t tj = 0; tj < N / 32; tj++) {
+                double want = 0.0;
+                for (int64_t i = ti * 8; i < ti * 8 + 8; i++)
+                    for (int64_t j = tj * 32; j < tj * 32 + 32; j++) want += (double)C[2][i * ldc + j] * C[2][i * ldc + j];
+                double e = fabs(sums[0][ti * (N / 32) + tj] - want) / want;
+                worst = e > worst ? e : worst;
+                total += want;
+            }
+        CHECK_LE("bf16_blocked_gemm tile sums of squares vs double, worst rel", worst, 2e-5);
+        double sq = -1.0;
+        assert_true(gemm_bf16_sumsq(g, ta, false, M, N, K, A16, lda, B16, ldb, C[0], ldc, sums[0], &sq));
+        CHECK_LE("gemm_bf16_sumsq total vs double sum of C squared, rel", fabs(sq - total) / total, 2e-5);
+        for (int64_t i = 0; i < M; i++)
+            if (memcmp(C[0] + i * ldc, C[2] + i * ldc, (size_t)N * sizeof(float)))
+                fail_msg("%ldx%ldx%ld: gemm_bf16_sumsq's C differs from bf16_blocked_gemm's", (long)M, (long)N, (long)K);
+        free(A), free(B), free(A16), free(B16), free(work);
+        for (int i = 0; i < 3; i++) free(C[i]);
+        free(sums[0]), free(sums[1]);
+    }
     gemm_destroy(g);
 }
 
@@ -1864,6 +1937,7 @@ int main(void) {
         cmocka_unit_test(test_amx_gemm_vs_naive),
         cmocka_unit_test(test_dpbf16_gemm_vs_naive),
         cmocka_unit_test(test_bf16_blocked_vs_naive),
+        cmocka_unit_test(test_bf16_blocked_sums_of_squares),
         cmocka_unit_test(test_microgemm_vs_naive),
         cmocka_unit_test(test_rmsnorm_forward),
         cmocka_unit_test(test_rmsnorm_backward_fd),

@@ -14,6 +14,9 @@
 
 #include "config/config.h"
 #include "io/safetensors.h"
+#include "kernels/adamw.h"
+#include "kernels/bf16_blocked.h"
+#include "model/grad_sumsq.h"
 #include "plan/plan.h"
 #include "train/state.h"
 
@@ -326,6 +329,84 @@ static void test_bf16_against_reference(void **st) {
     check_bf16_against_reference("padded");
 }
 
+/* grad_sumsq_total: recorded ranges (given out of order, one at the buffer's end) stand for
+ * their values, which are then not read (NaN there leaves the total finite); the gaps are read.
+ * Against Σ g² in double: float partials of 1024 positive squares (≤ 1024 · 2⁻²⁴ ≈ 6e-5
+ * relative, typically far less); bound 6e-5. With no range it is adamw_sum_squares to the bit. */
+static void test_grad_sumsq_total(void **st) {
+    (void)st;
+    const int64_t n = 2 * ADAMW_NORM_BLOCK + 777;
+    const int64_t ranges[][2] = {{ADAMW_NORM_BLOCK, 3000}, {n - 64, 64}, {100, 5000}};
+    float *g = malloc((size_t)n * sizeof(float));
+    double *partials = malloc((size_t)adamw_norm_partials(n) * sizeof(double)), want = 0.0;
+    uint32_t u = 7;
+    for (int64_t i = 0; i < n; i++) {
+        u = u * 1664525u + 1013904223u;
+        g[i] = (float)((u >> 8) / 16777216.0 - 0.5);
+        want += (double)g[i] * g[i];
+    }
+    grad_sumsq_t r;
+    assert_true(grad_sumsq_init(&r, 4));
+    assert_true(grad_sumsq_total(&r, g, n, partials) == adamw_sum_squares(g, n, partials));
+    for (int i = 0; i < 3; i++) {
+        double sq = 0.0;
+        for (int64_t j = ranges[i][0]; j < ranges[i][0] + ranges[i][1]; j++) {
+            sq += (double)g[j] * g[j];
+            g[j] = NAN;
+        }
+        grad_sumsq_add(&r, ranges[i][0], ranges[i][1], sq);
+    }
+    double got = grad_sumsq_total(&r, g, n, partials);
+    printf("# grad_sumsq_total with 3 ranges: relative error %.2e\n", fabs(got - want) / want);
+    assert_true(fabs(got - want) / want < 6e-5);
+    grad_sumsq_clear(&r);
+    assert_true(isnan(grad_sumsq_total(&r, g, n, partials))); /* cleared: all read again */
+    grad_sumsq_free(&r);
+    free(g), free(partials);
+}
+
+/* A bf16 step's gradient norm from the weight gradients' products (opt.grad_sumsq, on one rank):
+ * against Σ g² over the gradient buffer in double, to float summation (tiles of 256 squares,
+ * partials of 1024: ≤ 6e-5 relative; bound 6e-5). Where the products take the sums
+ * (AVX512-BF16 dot products), the layers' matrices are not read again: doubling one of them
+ * after the backward leaves the norm's sum as it was; elsewhere the buffer is read whole and the
+ * sum follows the change. */
+static void test_bf16_grad_norm_from_products(void **st) {
+    (void)st;
+    fixture_t f;
+    load_fixture(&f, "tied_gqa", "dense");
+    train_state_destroy(&f.state);
+    f.cfg.dtype = DTYPE_BFLOAT16;
+    char err[256];
+    assert_int_equal(plan_build(&f.plan, &f.cfg, 2, 1, err, sizeof err), 0);
+    assert_int_equal(train_state_create(&f.state, &f.cfg, &f.plan, NULL, NULL, err, sizeof err), 0);
+    qwen3_forward_backward(f.state.model, f.tokens);
+    const int64_t n = f.plan.num_params;
+    double want = 0.0;
+    for (int64_t i = 0; i < n; i++) want += (double)f.state.grads[i] * f.state.grads[i];
+    double got = qwen3_grad_sum_squares(f.state.model, f.state.norm_partials);
+    printf("# tied_gqa bf16 gradient sum of squares from the products: relative error %.2e\n", fabs(got - want) / want);
+    assert_true(fabs(got - want) / want < 6e-5);
+    const qwen3_tensor_info_t *q = NULL;
+    for (int64_t i = 0; i < f.num_tensors; i++)
+        if (!strcmp(f.table[i].hf_name, "model.layers.0.self_attn.q_proj.weight")) q = &f.table[i];
+    assert_non_null(q);
+    double q_sq = 0.0;
+    for (int64_t i = q->offset; i < q->offset + q->rows * q->cols; i++) {
+        q_sq += (double)f.state.grads[i] * f.state.grads[i];
+        f.state.grads[i] *= 2.0f;
+    }
+    assert_true(q_sq > 0.0);
+    double after = qwen3_grad_sum_squares(f.state.model, f.state.norm_partials);
+    if (bf16_blocked_sums_squares()) {
+        assert_true(after == got);
+    } else {
+        printf("# the products' sums of squares not tested: no AVX512-BF16 dot products here (or AMX)\n");
+        assert_true(fabs(after - (got + 3.0 * q_sq)) / after < 6e-5);
+    }
+    free_fixture(&f);
+}
+
 /* The issue's bar for bf16: the loss curve over 30 steps within 2% of fp32's. A tiny model on
  * a fresh batch each step (so the curve is not just memorisation). */
 static void test_bf16_loss_curve_tracks_fp32(void **st) {
@@ -508,6 +589,8 @@ int main(void) {
         cmocka_unit_test(test_tiny_model_learns),
         cmocka_unit_test(test_init_statistics_and_determinism),
         cmocka_unit_test(test_bf16_against_reference),
+        cmocka_unit_test(test_grad_sumsq_total),
+        cmocka_unit_test(test_bf16_grad_norm_from_products),
         cmocka_unit_test(test_bf16_loss_curve_tracks_fp32),
         cmocka_unit_test(test_memory_never_logits_sized),
         cmocka_unit_test(test_default_xent_chunk),

@@ -31,12 +31,16 @@ bool bf16_blocked_fits(int64_t M, int64_t N, int64_t K) {
 
 int64_t bf16_blocked_workspace_elems(void) { return whole_elems() + BLK; }
 
+bool bf16_blocked_sums_squares(void) { return !amx_available() && dpbf16_available(); }
+
 #if defined(__AVX512BW__)
 /* A tile product on whichever unit runs them: AMX tiles, else AVX512-BF16 dot products. */
+/* sums: NULL, or where C's first tile's sum of squares goes (dot products only; see
+ * bf16_blocked_gemm), sums_ld apart a tile row. */
 static void block_product(bool amx, float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M,
-                          int64_t N, int64_t K, bool accumulate) {
+                          int64_t N, int64_t K, bool accumulate, float *sums, int64_t sums_ld) {
     if (amx) amx_tile_product(C, ldc, A, B, Bk, M, N, K, accumulate, true);
-    else dpbf16_tile_product(C, ldc, A, B, Bk, M, N, K, accumulate);
+    else dpbf16_tile_product(C, ldc, A, B, Bk, M, N, K, accumulate, sums, sums_ld);
 }
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -86,7 +90,7 @@ static bool a_read_in_place(bool trans_a, int64_t K, int64_t lda) { return !tran
  * twice (see the block extents above). */
 static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi, int64_t K,
                       const bf16_t *A, int64_t lda, const bf16_t *B, int64_t ldb, float *C, int64_t ldc,
-                      bool accumulate, bf16_t *work) {
+                      bool accumulate, bf16_t *work, float *tile_sumsq, int64_t sums_ld) {
     const int64_t whole = whole_elems();
     bf16_t *full = work, *blk = work + whole;
     const int64_t mt = m_hi - m_lo, nt = n_hi - n_lo;
@@ -100,6 +104,8 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
     for (int64_t kc = 0; kc < K; kc += kslice) {
         int64_t kw = min64(kslice, K - kc), kwp = amx_round32(kw);
         bool load_c = accumulate || kc > 0;
+        /* the sums of squares come from the last slice's tiles, which store C's final values */
+        float *sums = tile_sumsq && kc + kw >= K ? tile_sumsq : NULL;
         if (a_whole) amx_pack_a(Ap, trans_a, trans_a ? A + kc * lda + m_lo : A + m_lo * lda + kc, lda, mt, kw);
         if (b_whole) pack_b(Bp, trans_b, trans_b ? B + n_lo * ldb + kc : B + kc * ldb + n_lo, ldb, nt, kw);
         if (!a_direct && !a_whole && !b_whole) { /* neither fits whole: GotoBLAS blocks */
@@ -109,7 +115,8 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
                 for (int64_t mc = m_lo; mc < m_hi; mc += MC) {
                     int64_t mw = min64(MC, m_hi - mc);
                     amx_pack_a(blk, trans_a, trans_a ? A + kc * lda + mc : A + mc * lda + kc, lda, mw, kw);
-                    block_product(amx, C + mc * ldc + nc, ldc, amx_a_packed(blk, kwp), full, kwp, mw, nw, kwp, load_c);
+                    block_product(amx, C + mc * ldc + nc, ldc, amx_a_packed(blk, kwp), full, kwp, mw, nw, kwp, load_c,
+                                  sums ? sums + mc / DPBF16_TILE_ROWS * sums_ld + nc / 32 : NULL, sums_ld);
                 }
             }
             continue;
@@ -126,7 +133,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
                 int64_t nw = min64(NC, n_hi - nc);
                 if (!b_whole) pack_b(Bp, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw);
                 block_product(amx, C + mc * ldc + nc, ldc, at, b_whole ? Bp + (nc - n_lo) / 16 * panel : Bp, kwp, mw,
-                              nw, kwp, load_c);
+                              nw, kwp, load_c, sums ? sums + mc / DPBF16_TILE_ROWS * sums_ld + nc / 32 : NULL, sums_ld);
             }
         }
     }
@@ -135,7 +142,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
 
 void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
                        const bf16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
-                       int threads) {
+                       int threads, float *tile_sumsq) {
     if (K <= 0) {
         if (!accumulate)
             for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
@@ -156,17 +163,18 @@ void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
         int64_t lo = blocks * t / nt * 32, hi = blocks * (t + 1) / nt * 32;
         if (hi > lo)
             gemm_part(trans_a, trans_b, split_n ? 0 : lo, split_n ? M : hi, split_n ? lo : 0, split_n ? hi : N, K, A,
-                      lda, B, ldb, C, ldc, accumulate, workspace + t * bf16_blocked_workspace_elems());
+                      lda, B, ldb, C, ldc, accumulate, workspace + t * bf16_blocked_workspace_elems(), tile_sumsq,
+                      N / 32);
     }
 }
 #else
 void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
                        const bf16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
-                       int threads) {
+                       int threads, float *tile_sumsq) {
     /* Unreachable: callers check amx_available() or dpbf16_available(), both false in a build
      * without AVX-512. */
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C;
-    (void)ldc, (void)accumulate, (void)workspace, (void)threads;
+    (void)ldc, (void)accumulate, (void)workspace, (void)threads, (void)tile_sumsq;
     __builtin_trap();
 }
 #endif

@@ -38,9 +38,16 @@ bool bf16_blocked_fits(int64_t M, int64_t N, int64_t K);
 int64_t bf16_blocked_workspace_elems(void);
 
 /* Runs on up to `threads` OpenMP threads (fewer inside a parallel region), thread t using
- * workspace + t · bf16_blocked_workspace_elems(). */
+ * workspace + t · bf16_blocked_workspace_elems(). tile_sumsq: NULL, or (on AVX512-BF16 dot
+ * products only, not AMX: bf16_blocked_sums_squares, with K > 0) M/8 × N/32 floats that receive
+ * each 8 × 32 tile's Σ C² over the C written (dpbf16_tile_product), tile (i, j) at i · N/32 + j:
+ * taken from the registers of the last K slice's tiles, so the sums cost no pass over C, and,
+ * each tile summed by one thread in one order, the thread count changes no bit. */
 void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
                        const bf16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
-                       int threads);
+                       int threads, float *tile_sumsq);
+
+/* Whether bf16_blocked_gemm takes tile_sumsq on this CPU and build (dot products, no AMX). */
+bool bf16_blocked_sums_squares(void);
 
 #endif

@@ -9,7 +9,7 @@ bool dpbf16_available(void) { return __builtin_cpu_supports("avx512bf16"); }
 /* Register tile: MR rows × two 16-column panels, 16 zmm accumulators, two B vectors and a
  * broadcast A pair (19 of 32 registers). Each k-pair step loads two B vectors and MR 4-byte A
  * words for 2·MR dot products: the FMA pipes, not the loads, bound it. */
-enum { MR = 8 };
+enum { MR = DPBF16_TILE_ROWS };
 
 static inline __m512bh a_pair(const bf16_t *p) {
     int32_t w;
@@ -22,7 +22,7 @@ static inline __m512bh a_pair(const bf16_t *p) {
  * (amx_a_tiles_t's layouts) and C fetched ahead; else (attention's blocks) A row-major. */
 static inline __attribute__((always_inline)) void tile(float *c, int64_t ldc, const bf16_t *a, int64_t rs,
                                                        int64_t k_step, const bf16_t *b0, const bf16_t *b1, int64_t K,
-                                                       bool accumulate, const bool gemm) {
+                                                       bool accumulate, const bool gemm, float *sumsq) {
     __m512 acc[MR][2];
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     /* C's lines, fetched now so that the K loop hides their latency: loaded only at the end,
@@ -66,10 +66,18 @@ static inline __attribute__((always_inline)) void tile(float *c, int64_t ldc, co
         _mm512_storeu_ps(cr, acc[r][0]);
         _mm512_storeu_ps(cr + 16, acc[r][1]);
     }
+    if (sumsq) { /* Σ of the tile's squares from its registers, rows in order: C is not read again */
+        __m512 sq = _mm512_setzero_ps();
+        for (int r = 0; r < MR; r++) {
+            sq = _mm512_fmadd_ps(acc[r][0], acc[r][0], sq);
+            sq = _mm512_fmadd_ps(acc[r][1], acc[r][1], sq);
+        }
+        *sumsq = _mm512_reduce_add_ps(sq);
+    }
 }
 
 void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M, int64_t N,
-                         int64_t K, bool accumulate) {
+                         int64_t K, bool accumulate, float *tile_sumsq, int64_t sumsq_ld) {
     const int64_t panel = Bk / 2 * 32, rs = A.stride / (int64_t)sizeof(bf16_t);
     /* Row blocks outside, as amx_tile_product: the MR rows of A (8 KiB at 512 deep) stay in L1
      * while the B panels go past them from L2. With the columns outside, A's rows streamed from
@@ -108,7 +116,8 @@ void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B
                 _mm_prefetch((const char *)(a_next + (line % MR) * rs + (line / MR) * 32), _MM_HINT_T0);
             for (int64_t m0 = mb; m0 < m_end; m0 += MR) {
                 const bf16_t *a = A.p + (m0 / 32) * A.row_block + (m0 % 32 / 16) * A.lower + (m0 % 16) * rs;
-                tile(C + m0 * ldc + n0, ldc, a, rs, A.k_step, b0, b0 + panel, K, accumulate, true);
+                tile(C + m0 * ldc + n0, ldc, a, rs, A.k_step, b0, b0 + panel, K, accumulate, true,
+                     tile_sumsq ? tile_sumsq + m0 / MR * sumsq_ld + n0 / 32 : NULL);
             }
         }
     }
@@ -120,15 +129,16 @@ void dpbf16_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
         const bf16_t *b0 = B + (n0 / 16) * panel;
         for (int64_t m0 = 0; m0 < M; m0 += MR)
-            tile(C + m0 * ldc + n0, ldc, A + m0 * lda, lda, 32, b0, b0 + panel, K, accumulate, false);
+            tile(C + m0 * ldc + n0, ldc, A + m0 * lda, lda, 32, b0, b0 + panel, K, accumulate, false, NULL);
     }
 }
 #else
 bool dpbf16_available(void) { return false; }
 
 void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M, int64_t N,
-                         int64_t K, bool accumulate) {
-    (void)C, (void)ldc, (void)A, (void)B, (void)Bk, (void)M, (void)N, (void)K, (void)accumulate;
+                         int64_t K, bool accumulate, float *tile_sumsq, int64_t sumsq_ld) {
+    (void)C, (void)ldc, (void)A, (void)B, (void)Bk, (void)M, (void)N, (void)K, (void)accumulate, (void)tile_sumsq,
+        (void)sumsq_ld;
     __builtin_trap(); /* unreachable, as dpbf16_gemm below */
 }
 

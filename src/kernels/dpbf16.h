@@ -29,9 +29,13 @@ void dpbf16_gemm(float *C, int64_t ldc, const bf16_t *A, int64_t lda, const bf16
  * either of amx.h's layouts (row-major or packed by amx_pack_a), B packed with K extent Bk;
  * M, N, K multiples of 32. For the blocked whole-matrix GEMM (bf16_blocked.h) on CPUs without AMX.
  * A K of DPBF16_DEEP_K or more is taken for one of that GEMM's deep slices (B in L3, not L2) and
- * walked in row blocks that keep A in L2 (dpbf16.c); shallower ones go 8 rows at a time. */
-enum { DPBF16_DEEP_K = 2048 };
+ * walked in row blocks that keep A in L2 (dpbf16.c); shallower ones go 8 rows at a time.
+ * With tile_sumsq, each MR × 32 tile of the C it stores (MR = DPBF16_TILE_ROWS rows from row i,
+ * 32 columns from column j, both relative to C) also leaves Σ C² over it, summed in float in a
+ * fixed order from the registers it stores from, in tile_sumsq[i / MR · sumsq_ld + j / 32]
+ * (NULL: none). */
+enum { DPBF16_DEEP_K = 2048, DPBF16_TILE_ROWS = 8 };
 void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M, int64_t N,
-                         int64_t K, bool accumulate);
+                         int64_t K, bool accumulate, float *tile_sumsq, int64_t sumsq_ld);
 
 #endif

@@ -536,16 +536,22 @@ void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, i
     run(g, &key, A, B, C);
 }
 
+static void run_blocked(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                        const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc,
+                        bool accumulate, float *tile_sums) {
+    int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (!tile_work_for(g, threads)) {
+        fprintf(stderr, "stepscope: out of memory for %d threads' bf16 packing space\n", threads);
+        abort();
+    }
+    bf16_blocked_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads, tile_sums);
+}
+
 void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate) {
     if (g->bf16_tiles && bf16_blocked_fits(M, N, K)) {
-        int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-        if (!tile_work_for(g, threads)) {
-            fprintf(stderr, "stepscope: out of memory for %d threads' bf16 packing space\n", threads);
-            abort();
-        }
-        bf16_blocked_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads);
+        run_blocked(g, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, NULL);
         return;
     }
     gemm_entry_t key = {.trans_a = trans_a, .trans_b = trans_b, .accumulate = accumulate, .bf16_inputs = true,
@@ -555,6 +561,22 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
         return;
     }
     run(g, &key, A, B, C);
+}
+
+int64_t gemm_sumsq_floats(int64_t M, int64_t N) { return (M / DPBF16_TILE_ROWS) * (N / 32); }
+
+bool gemm_bf16_sumsq(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc,
+                     float *tile_sums, double *sumsq) {
+    if (!(g->bf16_tiles && bf16_blocked_fits(M, N, K) && bf16_blocked_sums_squares() && K > 0)) {
+        gemm_bf16(g, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, false);
+        return false;
+    }
+    run_blocked(g, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, false, tile_sums);
+    double sum = 0.0;
+    for (int64_t i = 0, n = gemm_sumsq_floats(M, N); i < n; i++) sum += tile_sums[i];
+    *sumsq = sum;
+    return true;
 }
 
 void gemm_f32_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

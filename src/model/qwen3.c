@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kernels/attention.h"
+#include "model/grad_sumsq.h"
 #include "kernels/embed.h"
 #include "kernels/microgemm.h"
 #include "kernels/rmsnorm.h"
@@ -137,6 +138,7 @@ typedef struct scratch {
     float *xent_rows; /* [threads, V] bf16 runs: each thread's row of exponentials (xent_forward_backward_bf16) */
     float *qk;        /* [T, (H+KV)·HD] remat minimal only: the current layer's q and k */
     float *dy_t, *x_t, *w_t; /* fp32 widening layers (see wide_layer): dyᵀ [D, T], xᵀ [F, T], Wᵀ [F, D] */
+    float *tile_sums; /* bf16 runs: a weight gradient's tile sums of squares (gemm_sumsq_floats) */
 } scratch_t;
 
 /* oneDNN 2.6's fp32 matmul runs the two gradient forms of a layer that widens a lot (in > 2·out:
@@ -202,6 +204,9 @@ static int64_t scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads
         float *dy16_space = carve(&c, dy16 + 16);
         s->dy16 = dy16_space ? (bf16_t *)((uintptr_t)(dy16_space + 15) & ~(uintptr_t)63) : NULL;
         s->xent_rows = carve(&c, (int64_t)num_threads * d->V);
+        int64_t QKV = (d->H + 2 * d->KV) * d->HD;
+        s->tile_sums = carve(&c, max64(max64(gemm_sumsq_floats(QKV, d->D), gemm_sumsq_floats(d->D, d->H * d->HD)),
+                                       max64(gemm_sumsq_floats(2 * d->F, d->D), gemm_sumsq_floats(d->D, d->F))));
     }
     if (remat == QWEN3_REMAT_MINIMAL) s->qk = carve(&c, T * (d->H + d->KV) * d->HD);
     if (transpose_scratch_floats(d, bf16) > 0) {
@@ -244,6 +249,8 @@ struct qwen3_model {
     trace_t *trace;
     op_names_t names;
     const int32_t *tokens;
+    float *grads;          /* base of dw */
+    grad_sumsq_t sumsq;    /* opt.grad_sumsq: the weight gradients' sums of squares this backward */
     /* Row strides (qwen3_padded_width, or dense): of the D-wide activations (the residual
      * stream, x2, ln, dres, dln), of attn and dattn, of h, of qkv and dqkv, of gate_up and
      * dgate_up. */
@@ -345,13 +352,15 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     if (!m || !(m->acts = calloc((size_t)nacts, sizeof *m->acts)) ||
         !(m->names.layer_fwd = calloc((size_t)d->L, sizeof(uint32_t))) ||
         !(m->names.layer_bwd = calloc((size_t)d->L, sizeof(uint32_t))) ||
-        qwen3_params_view(&m->w, d, params) != 0 || qwen3_params_view(&m->dw, d, grads) != 0) {
+        qwen3_params_view(&m->w, d, params) != 0 || qwen3_params_view(&m->dw, d, grads) != 0 ||
+        !grad_sumsq_init(&m->sumsq, (int)(4 * d->L))) { /* a layer's four weight-gradient products */
         snprintf(err, errlen, "out of memory creating the model");
         qwen3_destroy(m);
         return NULL;
     }
     m->d = *d;
     m->opt = *opt;
+    m->grads = grads;
     m->gemm = gemm;
     m->trace = opt->trace;
     m->params = params;
@@ -417,6 +426,7 @@ void qwen3_destroy(qwen3_model_t *m) {
     free(m->thread_gemm);
     qwen3_params_free(&m->w);
     qwen3_params_free(&m->dw);
+    grad_sumsq_free(&m->sumsq);
     free(m->acts);
     free(m->names.layer_fwd);
     free(m->names.layer_bwd);
@@ -467,11 +477,22 @@ static void linear_fwd(qwen3_model_t *m, int op, float *y, int64_t ld_y, const f
          gemm_f32(m->gemm, false, true, T, out, in, x, ld_x, W, in, y, ld_y, accumulate));
 }
 
-/* bf16 runs: linear_bwd with x already in s.in16 and dy in s.dy16. */
+/* bf16 runs: linear_bwd with x already in s.in16 and dy in s.dy16. With opt.grad_sumsq the
+ * weight gradient's product sums its squares where it can, for the gradient norm. */
 static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *W, int64_t T,
                           int64_t out, int64_t in) {
-    SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
-         gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16, ld16(m, in), dW, in, false));
+    if (m->opt.grad_sumsq) {
+        double sumsq = 0.0;
+        bool summed = false;
+        SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
+             summed = gemm_bf16_sumsq(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16,
+                                      ld16(m, in), dW, in, m->s.tile_sums, &sumsq));
+        if (summed) grad_sumsq_add(&m->sumsq, dW - m->grads, out * in, sumsq);
+    } else {
+        SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
+             gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16, ld16(m, in), dW, in,
+                       false));
+    }
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
          gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, ld16(m, out), weight16(m, W), in, dx, ld_dx, false));
 }
@@ -763,6 +784,10 @@ static void grads_ready(qwen3_model_t *m, const float *lo, const float *hi) {
     if (m->opt.grads_ready) m->opt.grads_ready(m->opt.grads_ready_arg, lo - m->dw.embed, hi - lo);
 }
 
+double qwen3_grad_sum_squares(qwen3_model_t *m, double *partials) {
+    return grad_sumsq_total(&m->sumsq, m->grads, qwen3_num_params(&m->d), partials);
+}
+
 void qwen3_zero_accumulated_grads(qwen3_model_t *m) {
     const qwen3_dims_t *d = &m->d;
     for (int64_t l = 0; l < d->L; l++) {
@@ -779,6 +804,7 @@ void qwen3_zero_accumulated_grads(qwen3_model_t *m) {
 
 double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens) {
     const qwen3_dims_t *d = &m->d;
+    grad_sumsq_clear(&m->sumsq);
     double loss = forward(m, tokens, true);
     /* The embedding comes first in the buffer and the head last; a tied head is the embedding. */
     grads_ready(m, m->dw.final_norm, d->tied ? m->dw.final_norm + d->D : m->dw.lm_head + d->V * d->D);

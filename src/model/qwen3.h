@@ -128,6 +128,11 @@ typedef struct qwen3_options {
      * reducing them there, overlapping the rest of backward. */
     void (*grads_ready)(void *arg, int64_t offset, int64_t count);
     void *grads_ready_arg;
+    /* bf16 runs: the layers' weight-gradient products also sum their squares where they can
+     * (gemm_bf16_sumsq), for qwen3_grad_sum_squares. Only where the gradient buffer is the one
+     * the norm is taken over: not under data parallelism, where ranks' gradients are summed
+     * after. */
+    bool grad_sumsq;
 } qwen3_options_t;
 
 /* Bind a model to buffers sized by the plan: params and grads (qwen3_num_params floats each),
@@ -155,6 +160,12 @@ const char *qwen3_rows_detail(const qwen3_model_t *m);
  * tokens: [B, S+1], row stride S+1; inputs are tokens[:, 0:S], targets tokens[:, 1:S+1].
  * Returns the loss. */
 double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens);
+
+/* Σ g² over the whole gradient buffer after qwen3_forward_backward, for the gradient norm: with
+ * opt.grad_sumsq, the sums the weight-gradient products took as they wrote them and one read of
+ * the rest (grad_sumsq.h); otherwise one read of all (adamw_sum_squares, the same bits).
+ * partials: adamw_norm_partials(qwen3_num_params) doubles. */
+double qwen3_grad_sum_squares(qwen3_model_t *m, double *partials);
 
 /* Zeroes the gradients qwen3_forward_backward adds into rather than writes: the norm weights'
  * (D or HD floats each) and, untied, the embedding's [V, D]. The gradient buffer's other

@@ -51,6 +51,9 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     qwen3_options_t opt = {.num_threads = plan->num_threads, .remat = plan->remat, .rows = plan->rows,
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
                            .bf16 = plan->bf16, .gemm_library = lib, .trace = trace};
+    /* One rank: the gradient buffer is the one the norm is taken over, so the weight gradients'
+     * products may take their squares as they write them. */
+    opt.grad_sumsq = !(par && comm_size(par->world) > 1);
     if (par && comm_size(par->world) > 1) {
         zero_options_t zo = {.world = par->world, .shard = par->shard, .replica = par->replica, .num_params = n,
                              .params = s->params, .grads = s->grads, .grad_shard = s->grad_shard, .trace = trace,
@@ -98,7 +101,9 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     if (s->zero) zero_finish_grads(s->zero);
     int64_t opt_span = trace_begin(s->trace);
     int64_t t0 = trace_begin(s->trace);
-    double sums[2] = {adamw_sum_squares(s->grad_shard, n, s->norm_partials), loss};
+    double sums[2] = {s->zero ? adamw_sum_squares(s->grad_shard, n, s->norm_partials)
+                              : qwen3_grad_sum_squares(s->model, s->norm_partials),
+                      loss};
     trace_end(s->trace, 0, s->span_grad_norm, t0, 2.0 * (double)n);
     /* Ranks' gradients were summed: the global batch's mean gradient is 1/ranks of it. */
     double inv_ranks = 1.0 / (double)s->plan.num_ranks;
