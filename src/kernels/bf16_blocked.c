@@ -34,9 +34,9 @@ int64_t bf16_blocked_workspace_elems(void) { return whole_elems() + BLK; }
 bool bf16_blocked_sums_squares(void) { return !amx_available() && dpbf16_available(); }
 
 #if defined(__AVX512BW__)
-/* A tile product on whichever unit runs them: AMX tiles, else AVX512-BF16 dot products. */
-/* sums: NULL, or where C's first tile's sum of squares goes (dot products only; see
- * bf16_blocked_gemm), sums_ld apart a tile row. */
+/* A tile product on whichever unit runs them: AMX tiles, else AVX512-BF16 dot products. sums:
+ * NULL, or where C's first tile's sum of squares goes, the next tile row sums_ld further (dot
+ * products only; see bf16_blocked_gemm). */
 static void block_product(bool amx, float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B, int64_t Bk, int64_t M,
                           int64_t N, int64_t K, bool accumulate, float *sums, int64_t sums_ld) {
     if (amx) amx_tile_product(C, ldc, A, B, Bk, M, N, K, accumulate, true);
