@@ -80,7 +80,9 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="steps per run")
     ap.add_argument("--profiled", type=int, default=1, help="the last N steps of each run are profiled and summed")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--peak", type=float, default=0.195, help="fp32 TFLOP/s the FMA probe is read against")
+    ap.add_argument("--peak", type=float, default=0.446,
+                    help="fp32 peak TFLOP/s (MACHINE.md's Zen 5, 2 cores: 0.446; a Zen 4's: 0.232), which the FMA "
+                         "probe is read against and, twice it for dtype=bfloat16 on a bf16 unit, the runs' MFU")
     ap.add_argument("--control", action="append", default=[],
                     help="a span name (shape left off) that B does not change; repeatable")
     ap.add_argument("--top", type=int, default=16, help="kernels to list, by A's time")
