@@ -334,7 +334,9 @@ static double bf16_blocked_case(bool ta, bool tb, int64_t M, int64_t N, int64_t 
  * operand packed whole over more than 512 rows (544 × 600: 557 KiB a slice), and C too wide
  * both ways for either operand to be packed whole (the GotoBLAS blocks), and K past
  * BF16_BLOCKED_K_MAX_AMX (on AVX512-BF16, 4096-deep slices: 4096 + 4096 + 1056, over 96 rows, so that
- * dpbf16_tile_product's 64-row blocks of a deep slice end in a partial one). Products of
+ * dpbf16_tile_product's 64-row blocks of a deep slice end in a partial one), and A in place past
+ * 1024 deep (on AVX512-BF16 1024-deep slices in 256-column blocks: 1024 + 1024 + 32 deep, 256 +
+ * 32 columns a thread on two threads). Products of
  * bf16 values are exact in fp32, so the error is fp32 summation over K terms, at worst K·2⁻²⁴
  * relative (and ~1e-6 in practice); each case must also give the same bits on one and two
  * threads, since threads only split C. */
@@ -347,7 +349,7 @@ static void test_bf16_blocked_vs_naive(void **state) {
     static const int64_t cases[][4] = {/* M, N, K, pad */
                                        {32, 32, 1, 3},     {64, 96, 300, 5},  {96, 64, 320, 5},
                                        {64, 32, 2048, 0},  {32, 64, 2088, 7}, {1088, 1056, 40, 1},
-                                       {544, 544, 600, 1}, {96, 64, 9248, 3}};
+                                       {544, 544, 600, 1}, {96, 64, 9248, 3}, {64, 544, 2080, 5}};
     test_rng_t rng = {4};
     double worst = 0.0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)

@@ -13,11 +13,18 @@
  * in L2 while its rows go by. The whole-packed operand's space holds FULL × KC elements, or on
  * AVX512-BF16 NC × DEEP_KC for the deep slices (k_slice). */
 enum { MC = 256, NC = 512, KC = 1024, FULL = 1024, DEEP_KC = 4096, BLK = (MC > NC ? MC : NC) * KC };
+/* The layers' deep products with A read in place, on AVX512-BF16 (in_place_deep): slices and
+ * column blocks of their own. */
+enum { IN_PLACE_KC = 1024, IN_PLACE_NC = 256 };
 /* dpbf16_tile_product tells a deep slice by its depth alone (DPBF16_DEEP_K): the other slices
- * (512, or KC on AMX) stay below it, and a deep one (k_slice: the whole-packed space over the
- * thread's columns, at most FULL of them, capped at DEEP_KC) reaches it even on one thread. */
-_Static_assert((int)KC < (int)DPBF16_DEEP_K && (int)(NC * DEEP_KC / FULL) >= (int)DPBF16_DEEP_K,
+ * (512, IN_PLACE_KC, or KC on AMX) stay below it, and a deep one (k_slice: the whole-packed space
+ * over the thread's columns, at most FULL of them, capped at DEEP_KC) reaches it even on one
+ * thread. */
+_Static_assert((int)KC < (int)DPBF16_DEEP_K && (int)IN_PLACE_KC < (int)DPBF16_DEEP_K &&
+                   (int)(NC * DEEP_KC / FULL) >= (int)DPBF16_DEEP_K,
                "bf16_blocked's slices and dpbf16.h's DPBF16_DEEP_K disagree");
+/* B packed whole at IN_PLACE_KC deep over up to FULL columns fits the whole-packed space. */
+_Static_assert((int)(FULL * IN_PLACE_KC) <= (int)(FULL * KC), "IN_PLACE_KC: B packed whole must fit");
 
 /* The whole-packed operand's space: AMX takes no deep slices (bf16_blocked_fits). */
 static int64_t whole_elems(void) {
@@ -56,7 +63,24 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * per slice, which costs more than it saves where C is the traffic: the LM head's forward
  * (C = 352 × 151936 logits) ran 0.92x at 512, so parts of C over 8 M elements keep KC. Slicing
  * does not change a bit: C carries fp32 sums exactly from one slice to the next. */
+/* The layers' products whose A is read in place and whose K is past 1024 and within a layer's
+ * (qwen3-0.6b: o_proj's and down_proj's forwards, K = 2048 and 3072; gate_up_proj's and
+ * qkv_proj's input gradients, K = 6144 and 4096; all N = 1024, so 512 columns a thread), on
+ * AVX512-BF16. At 512-deep slices over 512 columns they reloaded C (2 MiB a thread, out of L2)
+ * K/512 times, and in some VM phases ran at 0.86x the layers' other products (docs/speed.md, "Two
+ * speeds"). They take 1024-deep slices in 256-column blocks instead: C is reloaded half as often,
+ * a block's B part (1024 × 256, 512 KiB) stays in L2 while the rows go by, and an 8-row block of
+ * A (16 KiB) in L1. Alternated call by call with the 512 × 512 blocking inside profiled qwen3-0.6b
+ * bf16 steps (four runs on the Zen 5): 1.130x, 1.059x, 1.040x and 1.027x over those four forms,
+ * each form 1.02-1.15x, in both of the VM's phases. Other slice depths × column blocks, one run
+ * each: 1024 × 512 1.020x, 1024 × 128 0.967x, 1536 × 256 1.019x, 2048 × 256 1.001x, 2048 × 128
+ * 1.013x, 512 × 128 1.032x. */
+static bool in_place_deep(bool amx, int64_t K, bool a_direct, bool b_whole) {
+    return !amx && a_direct && b_whole && K > IN_PLACE_KC && K <= BF16_BLOCKED_K_MAX_AMX;
+}
+
 static int64_t k_slice(bool amx, int64_t mt, int64_t nt, int64_t K, bool a_direct, bool b_whole, int64_t whole) {
+    if (in_place_deep(amx, K, a_direct, b_whole)) return IN_PLACE_KC;
     /* AVX512-BF16 keeps 512 for every C of the layers: its tiles fetch C's lines ahead
      * (dpbf16.c), and the LM head's forward ran 85% of the peak at 512 on the Zen 4. Where K is
      * deeper than any layer's (the LM head's input gradient, K = the vocabulary, 151936), the
@@ -101,6 +125,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
     const bool amx = amx_available();
     if (amx) amx_configure_full_tiles();
     const int64_t kslice = k_slice(amx, mt, nt, K, a_direct, b_whole, whole);
+    const int64_t nc_step = in_place_deep(amx, K, a_direct, b_whole) ? IN_PLACE_NC : NC;
     for (int64_t kc = 0; kc < K; kc += kslice) {
         int64_t kw = min64(kslice, K - kc), kwp = amx_round32(kw);
         bool load_c = accumulate || kc > 0;
@@ -121,16 +146,16 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
             }
             continue;
         }
-        /* B packed whole is walked NC columns at a time: with products over whole 1024-column
-         * Bs (2 MiB, out of L2) the weight gradients ran at 0.5-0.6x MKL's rate. */
+        /* B packed whole is walked NC (or IN_PLACE_NC) columns at a time: with products over
+         * whole 1024-column Bs (2 MiB, out of L2) the weight gradients ran at 0.5-0.6x MKL's rate. */
         const int64_t panel = kwp / 2 * 32;
         for (int64_t mc = m_lo; mc < m_hi; mc += mstep) {
             int64_t mw = min64(mstep, m_hi - mc);
             if (!a_whole && !a_direct) amx_pack_a(Ap, trans_a, trans_a ? A + kc * lda + mc : A + mc * lda + kc, lda, mw, kw);
             amx_a_tiles_t at = a_direct ? amx_a_row_major(A + mc * lda + kc, lda)
                                         : amx_a_packed(a_whole ? Ap + ((mc - m_lo) / 32) * (kwp / 32) * 1024 : Ap, kwp);
-            for (int64_t nc = n_lo; nc < n_hi; nc += NC) {
-                int64_t nw = min64(NC, n_hi - nc);
+            for (int64_t nc = n_lo; nc < n_hi; nc += nc_step) {
+                int64_t nw = min64(nc_step, n_hi - nc);
                 if (!b_whole) pack_b(Bp, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw);
                 block_product(amx, C + mc * ldc + nc, ldc, at, b_whole ? Bp + (nc - n_lo) / 16 * panel : Bp, kwp, mw,
                               nw, kwp, load_c, sums ? sums + mc / DPBF16_TILE_ROWS * sums_ld + nc / 32 : NULL, sums_ld);
