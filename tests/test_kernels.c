@@ -336,7 +336,8 @@ static double bf16_blocked_case(bool ta, bool tb, int64_t M, int64_t N, int64_t 
  * BF16_BLOCKED_K_MAX_AMX (on AVX512-BF16, 4096-deep slices: 4096 + 4096 + 1056, over 96 rows, so that
  * dpbf16_tile_product's 64-row blocks of a deep slice end in a partial one), and A in place past
  * 1024 deep (on AVX512-BF16 1024-deep slices in 256-column blocks: 1024 + 1024 + 32 deep, 256 +
- * 32 columns a thread on two threads). Products of
+ * 32 columns a thread on two threads; and 1056 columns, which one thread cannot pack whole and
+ * two can, in the same slices; and deep slices over 1024 columns, bits only). Products of
  * bf16 values are exact in fp32, so the error is fp32 summation over K terms, at worst K·2⁻²⁴
  * relative (and ~1e-6 in practice); each case must also give the same bits on one and two
  * threads, since threads only split C. */
@@ -349,7 +350,8 @@ static void test_bf16_blocked_vs_naive(void **state) {
     static const int64_t cases[][4] = {/* M, N, K, pad */
                                        {32, 32, 1, 3},     {64, 96, 300, 5},  {96, 64, 320, 5},
                                        {64, 32, 2048, 0},  {32, 64, 2088, 7}, {1088, 1056, 40, 1},
-                                       {544, 544, 600, 1}, {96, 64, 9248, 3}, {64, 544, 2080, 5}};
+                                       {544, 544, 600, 1}, {96, 64, 9248, 3}, {64, 544, 2080, 5},
+                                       {32, 1056, 1056, 1}};
     test_rng_t rng = {4};
     double worst = 0.0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
@@ -373,6 +375,24 @@ static void test_bf16_blocked_vs_naive(void **state) {
                     free(C1), free(C2);
                 }
     CHECK_LE("bf16_blocked_gemm vs naive on bf16-rounded inputs, worst rel Frobenius", worst, 9248 * 0x1p-24);
+
+    /* The deep slices over more columns than one thread's space packs whole at their depth
+     * (1024 here; two threads take 512 each): the same bits on one and two threads, which a
+     * slice depth that followed the thread's columns had broken. No naive reference: it is the
+     * thread count alone that must not matter. */
+    {
+        const int64_t M = 32, N = 1024, K = 8224, lda = K + 1;
+        bf16_t *A16 = malloc((size_t)(M * lda) * sizeof(bf16_t)), *B16 = malloc((size_t)(K * N) * sizeof(bf16_t));
+        float *Af = falloc((size_t)(M * lda)), *Bf = falloc((size_t)(K * N));
+        float *C[2] = {falloc((size_t)(M * N)), falloc((size_t)(M * N))};
+        bf16_t *work = aligned_alloc(64, (size_t)(2 * bf16_blocked_workspace_elems()) * sizeof(bf16_t));
+        fill_bf16_exact(Af, A16, M * lda, &rng);
+        fill_bf16_exact(Bf, B16, K * N, &rng);
+        for (int t = 0; t < 2; t++) bf16_blocked_gemm(false, false, M, N, K, A16, lda, B16, N, C[t], N, false, work, t + 1, NULL);
+        if (memcmp(C[0], C[1], (size_t)(M * N) * sizeof(float)))
+            fail_msg("bf16_blocked_gemm %ldx%ldx%ld (deep slices) differs between 1 and 2 threads", (long)M, (long)N, (long)K);
+        free(A16), free(B16), free(Af), free(Bf), free(C[0]), free(C[1]), free(work);
+    }
 
     /* gemm_library=auto hands such products to it through gemm_bf16, and says so. */
     char err[512] = "";

@@ -17,14 +17,10 @@ enum { MC = 256, NC = 512, KC = 1024, FULL = 1024, DEEP_KC = 4096, BLK = (MC > N
  * column blocks of their own. */
 enum { IN_PLACE_KC = 1024, IN_PLACE_NC = 256 };
 /* dpbf16_tile_product tells a deep slice by its depth alone (DPBF16_DEEP_K): the other slices
- * (512, IN_PLACE_KC, or KC on AMX) stay below it, and a deep one (k_slice: the whole-packed space
- * over the thread's columns, at most FULL of them, capped at DEEP_KC) reaches it even on one
- * thread. */
+ * (512, IN_PLACE_KC, or KC on AMX) stay below it, and the deep ones (DEEP_KC) reach it. */
 _Static_assert((int)KC < (int)DPBF16_DEEP_K && (int)IN_PLACE_KC < (int)DPBF16_DEEP_K &&
-                   (int)(NC * DEEP_KC / FULL) >= (int)DPBF16_DEEP_K,
+                   (int)DEEP_KC >= (int)DPBF16_DEEP_K,
                "bf16_blocked's slices and dpbf16.h's DPBF16_DEEP_K disagree");
-/* B packed whole at IN_PLACE_KC deep over up to FULL columns fits the whole-packed space. */
-_Static_assert((int)(FULL * IN_PLACE_KC) <= (int)(FULL * KC), "IN_PLACE_KC: B packed whole must fit");
 
 /* The whole-packed operand's space: AMX takes no deep slices (bf16_blocked_fits). */
 static int64_t whole_elems(void) {
@@ -52,17 +48,6 @@ static void block_product(bool amx, float *C, int64_t ldc, amx_a_tiles_t A, cons
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* The K slice for a thread's part of C, mt × nt: 512 deep, so that a 32-row block of A (32 KiB)
- * stays in L1 while B's tiles stream past it (amx_tile_product loads them with the
- * non-temporal hint) and a whole-packed operand of 1024 rows (1 MiB) fits L2 beside a B block.
- * At 1024 deep both missed: the A block (64 KiB) was read from L2 for every 32 columns, and
- * qkv_proj's forward packed 2 MiB of A beside 1 MiB of B. Against the 1024-deep slices with
- * plain loads, interleaved call by call on a step's worth of products (a scratch probe, 16
- * rounds), each form ran 1.01-1.12x (round medians of the step-weighted total 1.05x; up to
- * 1.4x in the rounds where the VM's AMX ran fast). The C block is loaded and stored once more
- * per slice, which costs more than it saves where C is the traffic: the LM head's forward
- * (C = 352 × 151936 logits) ran 0.92x at 512, so parts of C over 8 M elements keep KC. Slicing
- * does not change a bit: C carries fp32 sums exactly from one slice to the next. */
 /* The layers' products whose A is read in place and whose K is past 1024 and within a layer's
  * (qwen3-0.6b: o_proj's and down_proj's forwards, K = 2048 and 3072; gate_up_proj's and
  * qkv_proj's input gradients, K = 6144 and 4096; all N = 1024, so 512 columns a thread), on
@@ -75,24 +60,37 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * each form 1.02-1.15x, in both of the VM's phases. Other slice depths × column blocks, one run
  * each: 1024 × 512 1.020x, 1024 × 128 0.967x, 1536 × 256 1.019x, 2048 × 256 1.001x, 2048 × 128
  * 1.013x, 512 × 128 1.032x. */
-static bool in_place_deep(bool amx, int64_t K, bool a_direct, bool b_whole) {
-    return !amx && a_direct && b_whole && K > IN_PLACE_KC && K <= BF16_BLOCKED_K_MAX_AMX;
+static bool in_place_deep(bool amx, int64_t K, bool a_direct) {
+    /* Not on whether B is packed whole (a thread's columns at most FULL), which depends on the
+     * thread count: the slices, and so C's bits, must not. */
+    return !amx && a_direct && K > IN_PLACE_KC && K <= BF16_BLOCKED_K_MAX_AMX;
 }
 
-static int64_t k_slice(bool amx, int64_t mt, int64_t nt, int64_t K, bool a_direct, bool b_whole, int64_t whole) {
-    if (in_place_deep(amx, K, a_direct, b_whole)) return IN_PLACE_KC;
-    /* AVX512-BF16 keeps 512 for every C of the layers: its tiles fetch C's lines ahead
+/* The K slice for a thread's part of C, mt × nt: 512 deep, so that a 32-row block of A (32 KiB)
+ * stays in L1 while B's tiles stream past it (amx_tile_product loads them with the
+ * non-temporal hint) and a whole-packed operand of 1024 rows (1 MiB) fits L2 beside a B block.
+ * At 1024 deep both missed: the A block (64 KiB) was read from L2 for every 32 columns, and
+ * qkv_proj's forward packed 2 MiB of A beside 1 MiB of B. Against the 1024-deep slices with
+ * plain loads, interleaved call by call on a step's worth of products (a scratch probe, 16
+ * rounds), each form ran 1.01-1.12x (round medians of the step-weighted total 1.05x; up to
+ * 1.4x in the rounds where the VM's AMX ran fast). The C block is loaded and stored once more
+ * per slice, which costs more than it saves where C is the traffic: the LM head's forward
+ * (C = 352 × 151936 logits) ran 0.92x at 512, so parts of C over 8 M elements keep KC. Slicing
+ * does not change a bit: C carries fp32 sums exactly from one slice to the next. */
+static int64_t k_slice(bool amx, int64_t mt, int64_t nt, int64_t K, bool a_direct) {
+    if (in_place_deep(amx, K, a_direct)) return IN_PLACE_KC;
+    /* AVX512-BF16 keeps 512 for every other C of the layers: its tiles fetch C's lines ahead
      * (dpbf16.c), and the LM head's forward ran 85% of the peak at 512 on the Zen 4. Where K is
      * deeper than any layer's (the LM head's input gradient, K = the vocabulary, 151936), the
      * C part (512 × 512 fp32 a thread, 1 MiB) would be loaded and stored once per 512 of K, 297
-     * times: its deep slices (A read in place, B packed whole up to DEEP_KC deep, 4 MiB) ran
-     * that product 1.17x oneDNN's matmul at 4096 and 1.10-1.12x at 2048, against 1.01-1.05x at
-     * 512 (a scratch probe on the Zen 4, call by call interleaved; docs/speed.md). `whole` is the
-     * whole-packed operand's space (whole_elems), which caps the slice. */
-    if (!amx && K > BF16_BLOCKED_K_MAX_AMX && a_direct && b_whole) {
-        int64_t fit = whole / nt / 32 * 32;
-        return fit < DEEP_KC ? fit : DEEP_KC;
-    }
+     * times: its deep slices (A read in place, B packed up to DEEP_KC deep, 4 MiB over 512
+     * columns) ran that product 1.17x oneDNN's matmul at 4096 and 1.10-1.12x at 2048, against
+     * 1.01-1.05x at 512 (a scratch probe on the Zen 4, call by call interleaved; docs/speed.md).
+     * DEEP_KC whatever a thread's columns: a depth that followed them (the whole-packed space
+     * over them, 2048 on one thread's 1024) made C's bits depend on the thread count (504834 of
+     * 512 × 1024 differed between one and two threads at K = 16384); a thread with more columns
+     * than the space holds at DEEP_KC packs B NC columns at a time instead (gemm_part). */
+    if (!amx && K > BF16_BLOCKED_K_MAX_AMX && a_direct) return DEEP_KC;
     return amx && mt * nt > ((int64_t)8 << 20) ? KC : 512;
 }
 
@@ -119,13 +117,14 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
     bf16_t *full = work, *blk = work + whole;
     const int64_t mt = m_hi - m_lo, nt = n_hi - n_lo;
     const bool a_direct = a_read_in_place(trans_a, K, lda);
-    const bool a_whole = !a_direct && mt <= FULL && mt <= nt, b_whole = !a_whole && nt <= FULL;
+    const bool amx = amx_available();
+    const int64_t kslice = k_slice(amx, mt, nt, K, a_direct);
+    const bool a_whole = !a_direct && mt <= FULL && mt <= nt;
+    const bool b_whole = !a_whole && nt <= FULL && nt * amx_round32(kslice) <= whole;
     const int64_t mstep = a_whole || a_direct ? mt : MC;
     bf16_t *Ap = a_whole ? full : blk, *Bp = a_whole ? blk : full;
-    const bool amx = amx_available();
     if (amx) amx_configure_full_tiles();
-    const int64_t kslice = k_slice(amx, mt, nt, K, a_direct, b_whole, whole);
-    const int64_t nc_step = in_place_deep(amx, K, a_direct, b_whole) ? IN_PLACE_NC : NC;
+    const int64_t nc_step = in_place_deep(amx, K, a_direct) ? IN_PLACE_NC : NC;
     for (int64_t kc = 0; kc < K; kc += kslice) {
         int64_t kw = min64(kslice, K - kc), kwp = amx_round32(kw);
         bool load_c = accumulate || kc > 0;

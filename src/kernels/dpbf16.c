@@ -89,9 +89,9 @@ void dpbf16_tile_product(float *C, int64_t ldc, amx_a_tiles_t A, const bf16_t *B
      * and then from L2 for the block's other rows: that product (512 x 1024 x 151936, A in place,
      * 2 threads) ran 1.065x (963 against 904 GFLOP/s, medians of 7 calls alternated with the
      * rows-outside order; 32-row blocks 1.065x, 128 1.05x, columns outside over all rows 1.045x)
-     * on the Zen 5, the same bits. On one thread the slices are 2048 deep (the whole-packed space
-     * over 1024 columns), which a threshold of K > 2048 had left to the rows-outside order: 1.05-1.06x
-     * there with the row blocks. */
+     * on the Zen 5, the same bits. (Until 2026-12-06 one thread's slices were 2048 deep, which a
+     * threshold of K > 2048 had left to the rows-outside order: 1.05-1.06x there with the row
+     * blocks; the slices are now DEEP_KC on any number of threads, bf16_blocked.c.) */
     enum { DEEP_ROWS = 64 };
     const int64_t row_block = K >= DPBF16_DEEP_K ? DEEP_ROWS : MR; /* MR: the rows-outside order */
     /* A read in place (row-major: 32-deep steps 32 elements apart) comes from wherever its
