@@ -48,7 +48,7 @@ static void block_product(bool amx, float *C, int64_t ldc, amx_a_tiles_t A, cons
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* The layers' products whose A is read in place and whose K is past 1024 and within a layer's
+/* The products whose A is read in place and whose K is 1024 or more and within a layer's
  * (qwen3-0.6b: o_proj's and down_proj's forwards, K = 2048 and 3072; gate_up_proj's and
  * qkv_proj's input gradients, K = 6144 and 4096; all N = 1024, so 512 columns a thread), on
  * AVX512-BF16. At 512-deep slices over 512 columns they reloaded C (2 MiB a thread, out of L2)
@@ -59,11 +59,15 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
  * bf16 steps (four runs on the Zen 5): 1.130x, 1.059x, 1.040x and 1.027x over those four forms,
  * each form 1.02-1.15x, in both of the VM's phases. Other slice depths × column blocks, one run
  * each: 1024 × 512 1.020x, 1024 × 128 0.967x, 1536 × 256 1.019x, 2048 × 256 1.001x, 2048 × 128
- * 1.013x, 512 × 128 1.032x. */
+ * 1.013x, 512 × 128 1.032x. At K = 1024 (qkv_proj's and gate_up_proj's forwards, o_proj's and
+ * down_proj's input gradients, the LM head's forward) one 1024-deep slice writes C once where two
+ * of 512 had loaded it again: those five forms 1.026x, 1.051x and 1.016x in three runs of the same
+ * harness (each 1.00-1.04x, the LM head's 1.02-1.16x); in 512-column blocks 1.032x, in 128 0.992x,
+ * and 512-deep slices in 256-column blocks 0.989x (one run each). */
 static bool in_place_deep(bool amx, int64_t K, bool a_direct) {
     /* Not on whether B is packed whole (a thread's columns at most FULL), which depends on the
      * thread count: the slices, and so C's bits, must not. */
-    return !amx && a_direct && K > IN_PLACE_KC && K <= BF16_BLOCKED_K_MAX_AMX;
+    return !amx && a_direct && K >= IN_PLACE_KC && K <= BF16_BLOCKED_K_MAX_AMX;
 }
 
 /* The K slice for a thread's part of C, mt × nt: 512 deep, so that a 32-row block of A (32 KiB)
@@ -76,7 +80,8 @@ static bool in_place_deep(bool amx, int64_t K, bool a_direct) {
  * 1.4x in the rounds where the VM's AMX ran fast). The C block is loaded and stored once more
  * per slice, which costs more than it saves where C is the traffic: the LM head's forward
  * (C = 352 × 151936 logits) ran 0.92x at 512, so parts of C over 8 M elements keep KC. Slicing
- * does not change a bit: C carries fp32 sums exactly from one slice to the next. */
+ * changes C's bits (a slice's partial sums round at its depth before they are added to C), so the
+ * depth must not follow the thread count (see the deep slices below). */
 static int64_t k_slice(bool amx, int64_t mt, int64_t nt, int64_t K, bool a_direct) {
     if (in_place_deep(amx, K, a_direct)) return IN_PLACE_KC;
     /* AVX512-BF16 keeps 512 for every other C of the layers: its tiles fetch C's lines ahead
