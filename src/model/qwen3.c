@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "kernels/attention.h"
-#include "model/grad_sumsq.h"
 #include "kernels/embed.h"
 #include "kernels/microgemm.h"
 #include "kernels/rmsnorm.h"
@@ -19,6 +18,7 @@
 #include "kernels/swiglu.h"
 #include "kernels/transpose.h"
 #include "kernels/xent.h"
+#include "model/grad_sumsq.h"
 
 /* What one layer's forward saves for its backward. x (the layer input) lives in the residual
  * stream buffer; everything here is per layer (remat none) or shared (remat full). */
@@ -249,7 +249,6 @@ struct qwen3_model {
     trace_t *trace;
     op_names_t names;
     const int32_t *tokens;
-    float *grads;          /* base of dw */
     grad_sumsq_t sumsq;    /* opt.grad_sumsq: the weight gradients' sums of squares this backward */
     /* Row strides (qwen3_padded_width, or dense): of the D-wide activations (the residual
      * stream, x2, ln, dres, dln), of attn and dattn, of h, of qkv and dqkv, of gate_up and
@@ -360,7 +359,6 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     }
     m->d = *d;
     m->opt = *opt;
-    m->grads = grads;
     m->gemm = gemm;
     m->trace = opt->trace;
     m->params = params;
@@ -481,18 +479,17 @@ static void linear_fwd(qwen3_model_t *m, int op, float *y, int64_t ld_y, const f
  * weight gradient's product sums its squares where it can, for the gradient norm. */
 static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *W, int64_t T,
                           int64_t out, int64_t in) {
-    if (m->opt.grad_sumsq) {
-        double sumsq = 0.0;
-        bool summed = false;
-        SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
-             summed = gemm_bf16_sumsq(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16,
-                                      ld16(m, in), dW, in, m->s.tile_sums, &sumsq));
-        if (summed) grad_sumsq_add(&m->sumsq, dW - m->grads, out * in, sumsq);
-    } else {
-        SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
-             gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16, ld16(m, in), dW, in,
-                       false));
-    }
+    double sumsq = 0.0;
+    bool summed = false;
+    SPAN(m, m->names.wgrad[op], linear_flops(out, in, T), {
+        if (m->opt.grad_sumsq)
+            summed = gemm_bf16_sumsq(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16,
+                                     ld16(m, in), dW, in, m->s.tile_sums, &sumsq);
+        else
+            gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16, ld16(m, in), dW, in,
+                      false);
+    });
+    if (summed) grad_sumsq_add(&m->sumsq, dW - m->dw.embed, out * in, sumsq); /* the embedding heads the buffer */
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
          gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, ld16(m, out), weight16(m, W), in, dx, ld_dx, false));
 }
@@ -785,7 +782,7 @@ static void grads_ready(qwen3_model_t *m, const float *lo, const float *hi) {
 }
 
 double qwen3_grad_sum_squares(qwen3_model_t *m, double *partials) {
-    return grad_sumsq_total(&m->sumsq, m->grads, qwen3_num_params(&m->d), partials);
+    return grad_sumsq_total(&m->sumsq, m->dw.embed, qwen3_num_params(&m->d), partials);
 }
 
 void qwen3_zero_accumulated_grads(qwen3_model_t *m) {

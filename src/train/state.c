@@ -51,10 +51,11 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     qwen3_options_t opt = {.num_threads = plan->num_threads, .remat = plan->remat, .rows = plan->rows,
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
                            .bf16 = plan->bf16, .gemm_library = lib, .trace = trace};
+    const bool data_parallel = par && comm_size(par->world) > 1;
     /* One rank: the gradient buffer is the one the norm is taken over, so the weight gradients'
      * products may take their squares as they write them. */
-    opt.grad_sumsq = !(par && comm_size(par->world) > 1);
-    if (par && comm_size(par->world) > 1) {
+    opt.grad_sumsq = !data_parallel;
+    if (data_parallel) {
         zero_options_t zo = {.world = par->world, .shard = par->shard, .replica = par->replica, .num_params = n,
                              .params = s->params, .grads = s->grads, .grad_shard = s->grad_shard, .trace = trace,
                              .comm_lane = par->comm_lane, .compute_lane = par->compute_lane};
