@@ -430,7 +430,7 @@ static void test_bf16_blocked_sums_of_squares(void **state) {
         bf16_t A16[32 * 32] = {0};
         double sq = -1.0;
         assert_false(gemm_bf16_sumsq(g, false, false, 32, 32, 32, A16, 32, A16, 32, C, 32,
-                                     (float[4]){0}, &sq));
+                                     (float[4]){0}, 4, &sq));
         (void)A;
         gemm_destroy(g);
         printf("tile sums of squares not tested: this CPU or build has no AVX512-BF16 dot products (or has AMX)\n");
@@ -473,11 +473,21 @@ static void test_bf16_blocked_sums_of_squares(void **state) {
             }
         CHECK_LE("bf16_blocked_gemm tile sums of squares vs double, worst rel", worst, 2e-5);
         double sq = -1.0;
-        assert_true(gemm_bf16_sumsq(g, ta, false, M, N, K, A16, lda, B16, ldb, C[0], ldc, sums[0], &sq));
+        assert_true(gemm_bf16_sumsq(g, ta, false, M, N, K, A16, lda, B16, ldb, C[0], ldc, sums[0], tiles, &sq));
         CHECK_LE("gemm_bf16_sumsq total vs double sum of C squared, rel", fabs(sq - total) / total, 2e-5);
         for (int64_t i = 0; i < M; i++)
             if (memcmp(C[0] + i * ldc, C[2] + i * ldc, (size_t)N * sizeof(float)))
                 fail_msg("%ldx%ldx%ld: gemm_bf16_sumsq's C differs from bf16_blocked_gemm's", (long)M, (long)N, (long)K);
+        /* Scratch one tile short: C alone, the sums untouched past what was given. */
+        memset(C[1], 0, (size_t)(M * ldc) * sizeof(float));
+        const float canary = -1.0f;
+        sums[1][tiles - 1] = canary;
+        sq = -1.0;
+        assert_false(gemm_bf16_sumsq(g, ta, false, M, N, K, A16, lda, B16, ldb, C[1], ldc, sums[1], tiles - 1, &sq));
+        assert_true(sums[1][tiles - 1] == canary && sq == -1.0);
+        for (int64_t i = 0; i < M; i++)
+            if (memcmp(C[1] + i * ldc, C[2] + i * ldc, (size_t)N * sizeof(float)))
+                fail_msg("%ldx%ldx%ld: gemm_bf16_sumsq with short scratch: C differs", (long)M, (long)N, (long)K);
         free(A), free(B), free(A16), free(B16), free(work);
         for (int i = 0; i < 3; i++) free(C[i]);
         free(sums[0]), free(sums[1]);

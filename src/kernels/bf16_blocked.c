@@ -70,8 +70,8 @@ static bool in_place_deep(bool amx, int64_t K, bool a_direct) {
     return !amx && a_direct && K >= IN_PLACE_KC && K <= BF16_BLOCKED_K_MAX_AMX;
 }
 
-/* The K slice for a thread's part of C, mt × nt: 512 deep, so that a 32-row block of A (32 KiB)
- * stays in L1 while B's tiles stream past it (amx_tile_product loads them with the
+/* The K slice of a product whose C has c_elems elements: 512 deep, so that a 32-row block of A
+ * (32 KiB) stays in L1 while B's tiles stream past it (amx_tile_product loads them with the
  * non-temporal hint) and a whole-packed operand of 1024 rows (1 MiB) fits L2 beside a B block.
  * At 1024 deep both missed: the A block (64 KiB) was read from L2 for every 32 columns, and
  * qkv_proj's forward packed 2 MiB of A beside 1 MiB of B. Against the 1024-deep slices with
@@ -79,10 +79,12 @@ static bool in_place_deep(bool amx, int64_t K, bool a_direct) {
  * rounds), each form ran 1.01-1.12x (round medians of the step-weighted total 1.05x; up to
  * 1.4x in the rounds where the VM's AMX ran fast). The C block is loaded and stored once more
  * per slice, which costs more than it saves where C is the traffic: the LM head's forward
- * (C = 352 × 151936 logits) ran 0.92x at 512, so parts of C over 8 M elements keep KC. Slicing
- * changes C's bits (a slice's partial sums round at its depth before they are added to C), so the
- * depth must not follow the thread count (see the deep slices below). */
-static int64_t k_slice(bool amx, int64_t mt, int64_t nt, int64_t K, bool a_direct) {
+ * (C = 352 × 151936 logits) ran 0.92x at 512, so a C over 8 M elements keeps KC. Slicing changes
+ * C's bits (a slice's partial sums round at its depth before they are added to C), so the depth
+ * follows the whole product's shape, never a thread's part of it (see the deep slices below): the
+ * test had been a thread's mt × nt, so on AMX a C between 8 M and 16 M elements took 1024-deep
+ * slices on one thread and 512 on two. */
+static int64_t k_slice(bool amx, int64_t c_elems, int64_t K, bool a_direct) {
     if (in_place_deep(amx, K, a_direct)) return IN_PLACE_KC;
     /* AVX512-BF16 keeps 512 for every other C of the layers: its tiles fetch C's lines ahead
      * (dpbf16.c), and the LM head's forward ran 85% of the peak at 512 on the Zen 4. Where K is
@@ -96,7 +98,7 @@ static int64_t k_slice(bool amx, int64_t mt, int64_t nt, int64_t K, bool a_direc
      * 512 × 1024 differed between one and two threads at K = 16384); a thread with more columns
      * than the space holds at DEEP_KC packs B NC columns at a time instead (gemm_part). */
     if (!amx && K > BF16_BLOCKED_K_MAX_AMX && a_direct) return DEEP_KC;
-    return amx && mt * nt > ((int64_t)8 << 20) ? KC : 512;
+    return amx && c_elems > ((int64_t)8 << 20) ? KC : 512;
 }
 
 /* K rows [0, kw) and columns [0, nw) of op(B), packed with K extent amx_round32(kw). */
@@ -113,17 +115,16 @@ static void pack_b(bf16_t *dst, bool trans, const bf16_t *B, int64_t ldb, int64_
  * multiples were already excluded (qkv_proj's query gradient ran at 0.93x MKL in place). */
 static bool a_read_in_place(bool trans_a, int64_t K, int64_t lda) { return !trans_a && K % 32 == 0 && lda % 1024 != 0; }
 
-/* C's rows [m_lo, m_hi) and columns [n_lo, n_hi) on the calling thread; no operand is packed
- * twice (see the block extents above). */
+/* C's rows [m_lo, m_hi) and columns [n_lo, n_hi) on the calling thread, K kslice deep at a time
+ * (k_slice, from the whole product); no operand is packed twice (see the block extents above). */
 static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi, int64_t K,
-                      const bf16_t *A, int64_t lda, const bf16_t *B, int64_t ldb, float *C, int64_t ldc,
-                      bool accumulate, bf16_t *work, float *tile_sumsq, int64_t sums_ld) {
+                      int64_t kslice, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t ldb, float *C,
+                      int64_t ldc, bool accumulate, bf16_t *work, float *tile_sumsq, int64_t sums_ld) {
     const int64_t whole = whole_elems();
     bf16_t *full = work, *blk = work + whole;
     const int64_t mt = m_hi - m_lo, nt = n_hi - n_lo;
     const bool a_direct = a_read_in_place(trans_a, K, lda);
     const bool amx = amx_available();
-    const int64_t kslice = k_slice(amx, mt, nt, K, a_direct);
     const bool a_whole = !a_direct && mt <= FULL && mt <= nt;
     const bool b_whole = !a_whole && nt <= FULL && nt * amx_round32(kslice) <= whole;
     const int64_t mstep = a_whole || a_direct ? mt : MC;
@@ -185,15 +186,16 @@ void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
     const double a_cost = a_read_in_place(trans_a, K, lda) ? 0.0 : (double)M * (double)K * (trans_a ? 3 : 1);
     const double b_cost = (double)N * (double)K * (trans_b ? 3 : 1);
     const bool split_n = M / 32 < threads || (N / 32 >= threads && a_cost <= b_cost);
+    const int64_t kslice = k_slice(amx_available(), M * N, K, a_read_in_place(trans_a, K, lda));
     const int64_t blocks = (split_n ? N : M) / 32;
 #pragma omp parallel num_threads(threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
         int64_t lo = blocks * t / nt * 32, hi = blocks * (t + 1) / nt * 32;
         if (hi > lo)
-            gemm_part(trans_a, trans_b, split_n ? 0 : lo, split_n ? M : hi, split_n ? lo : 0, split_n ? hi : N, K, A,
-                      lda, B, ldb, C, ldc, accumulate, workspace + t * bf16_blocked_workspace_elems(), tile_sumsq,
-                      N / 32);
+            gemm_part(trans_a, trans_b, split_n ? 0 : lo, split_n ? M : hi, split_n ? lo : 0, split_n ? hi : N, K,
+                      kslice, A, lda, B, ldb, C, ldc, accumulate, workspace + t * bf16_blocked_workspace_elems(),
+                      tile_sumsq, N / 32);
     }
 }
 #else

@@ -90,11 +90,12 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
  * (bf16_blocked_gemm) and the tiles then in row-major tile order in double, so the thread count
  * changes no bit; returns true and sets *sumsq. Elsewhere (AMX, the libraries, shapes our kernel
  * does not take, K = 0) it computes C alone and returns false. tile_sums: scratch of
- * gemm_sumsq_floats(M, N) floats. */
+ * tile_sums_floats floats; where that is fewer than gemm_sumsq_floats(M, N), it computes C
+ * alone and returns false too, rather than write past them. */
 int64_t gemm_sumsq_floats(int64_t M, int64_t N);
 bool gemm_bf16_sumsq(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                      const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc,
-                     float *tile_sums, double *sumsq);
+                     float *tile_sums, int64_t tile_sums_floats, double *sumsq);
 
 /* Where gemm_bf16's products run, for the console; and whether our blocked kernel takes those
  * it can (GEMM_LIB_AUTO on a CPU with AMX or AVX512-BF16). */

@@ -139,6 +139,7 @@ typedef struct scratch {
     float *qk;        /* [T, (H+KV)·HD] remat minimal only: the current layer's q and k */
     float *dy_t, *x_t, *w_t; /* fp32 widening layers (see wide_layer): dyᵀ [D, T], xᵀ [F, T], Wᵀ [F, D] */
     float *tile_sums; /* bf16 runs: a weight gradient's tile sums of squares (gemm_sumsq_floats) */
+    int64_t tile_sums_floats;
 } scratch_t;
 
 /* oneDNN 2.6's fp32 matmul runs the two gradient forms of a layer that widens a lot (in > 2·out:
@@ -205,8 +206,11 @@ static int64_t scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads
         s->dy16 = dy16_space ? (bf16_t *)((uintptr_t)(dy16_space + 15) & ~(uintptr_t)63) : NULL;
         s->xent_rows = carve(&c, (int64_t)num_threads * d->V);
         int64_t QKV = (d->H + 2 * d->KV) * d->HD;
-        s->tile_sums = carve(&c, max64(max64(gemm_sumsq_floats(QKV, d->D), gemm_sumsq_floats(d->D, d->H * d->HD)),
-                                       max64(gemm_sumsq_floats(2 * d->F, d->D), gemm_sumsq_floats(d->D, d->F))));
+        /* the four layer weight gradients' (linear_bwd_16); a product with more tiles than this
+         * takes the norm's full pass instead (gemm_bf16_sumsq) */
+        s->tile_sums_floats = max64(max64(gemm_sumsq_floats(QKV, d->D), gemm_sumsq_floats(d->D, d->H * d->HD)),
+                                    max64(gemm_sumsq_floats(2 * d->F, d->D), gemm_sumsq_floats(d->D, d->F)));
+        s->tile_sums = carve(&c, s->tile_sums_floats);
     }
     if (remat == QWEN3_REMAT_MINIMAL) s->qk = carve(&c, T * (d->H + d->KV) * d->HD);
     if (transpose_scratch_floats(d, bf16) > 0) {
@@ -484,7 +488,7 @@ static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, fl
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T), {
         if (m->opt.grad_sumsq)
             summed = gemm_bf16_sumsq(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16,
-                                     ld16(m, in), dW, in, m->s.tile_sums, &sumsq);
+                                     ld16(m, in), dW, in, m->s.tile_sums, m->s.tile_sums_floats, &sumsq);
         else
             gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16, ld16(m, in), dW, in,
                       false);
