@@ -12,7 +12,8 @@ MaxText's count (per_device_tflops from stepscope's --dry-run), MFU against --pe
 (in cores; near 0 = the run had the machine), and what the cores' FMA units delivered around it
 (build/bench/fma_probe before and after, as a fraction of --peak: this VM's speed moves by a
 quarter or more within minutes, and a round run at 0.6 of the peak is slow for any engine).
-Ratios: stepscope's tokens/s over each run's, and its peak RSS over theirs.
+Ratios: stepscope's tokens/s over each run's (of the medians, and round by round), and its peak
+RSS over theirs.
 
     bench/vs_torch.py                                       # qwen3-0.6b, 1 x 1024, fp32 and bf16
     bench/vs_torch.py --model tiny --seq 128 --steps 4 --runs stepscope,eager
@@ -137,9 +138,20 @@ def main():
         tmp.cleanup()
 
 
+def completed(r):
+    return "skipped" not in r and r["rc"] == 0 and len(r["seconds"]) >= 2
+
+
+def round_ratios(theirs, ours):
+    """Speed-ups round by round: their median step over ours in the same round (None where either
+    failed), so that a ratio compares runs made minutes apart, not across the VM's phases."""
+    return [t / o for t, o in zip(theirs, ours) if t is not None and o is not None]
+
+
 def summarise(reps):
-    """Median over repeats of each run's median step; peak RSS the largest seen."""
-    ok = [r for r in reps if "skipped" not in r and r["rc"] == 0 and len(r["seconds"]) >= 2]
+    """Median over repeats of each run's median step; peak RSS the largest seen; each round's
+    median step (None where the round failed)."""
+    ok = [r for r in reps if completed(r)]
     if not ok:
         first = reps[0]
         if "skipped" in first:
@@ -150,6 +162,7 @@ def summarise(reps):
             "peak_rss": max(r["peak_rss"] for r in ok),
             "others": max(r["others_cores"] for r in ok),
             "probe": [r.get("probe") for r in ok],
+            "by_round": [bl.median_step(r["seconds"]) if completed(r) else None for r in reps],
             "steps": len(ok[0]["seconds"]), "repeats": len(ok), "loss": ok[0]["losses"][:3],
             "cmds": [r["cmd"] for r in ok]}
 
@@ -164,7 +177,7 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
         print(f"\n{a.model}, batch {b} x {s} tokens, {a.threads} threads, {tflop:.4f} TFLOP per step "
               f"(MaxText's count); MFU of {a.peak} TFLOP/s (float32) or {bf16_peak:g} (bfloat16); "
               f"stepscope's memory plan {bl.gib(int(plan['memory_total_bytes']))} GiB")
-        rows, notes = [], []
+        rows, notes, by_round = [], [], []
         for run in runs:
             sm = sums.get(run)
             if sm is None:
@@ -182,9 +195,14 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
             if dtype == "bfloat16" and (ours is None or "error" in ours):
                 ours, vs = sums.get("stepscope"), " (fp32)"
             speed = mem = ""
+            ratios = []
             if ours and "error" not in ours:
                 speed = f"{sm['median'] / ours['median']:.2f}x{vs}"
                 mem = f"{ours['peak_rss'] / sm['peak_rss']:.2f}"
+                if engine != "stepscope":
+                    ratios = round_ratios(sm["by_round"], ours["by_round"])
+                    by_round.append(f"  {label} {dtype}: " + ", ".join(f"{r:.2f}" for r in ratios) +
+                                    (f" (median {statistics.median(ratios):.2f})" if ratios else ""))
             probes = [p for p in sm["probe"] if p is not None]
             probe = f"{statistics.median(probes):.2f}" if probes else "-"
             rows.append([label, dtype, f"{sm['median']:.3f}", f"{tps:.1f}", f"{tflops:.4f}", f"{100 * mfu:.1f}%",
@@ -193,7 +211,8 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
             report.append({"model": a.model, "batch": b, "seq": s, "run": run, "dtype": dtype,
                            "median_step_s": sm["median"], "tokens_per_s": tps, "tflops_per_s": tflops, "mfu": mfu,
                            "peak_rss_bytes": sm["peak_rss"], "others_cores": sm["others"],
-                           "fma_probe_of_peak": sm["probe"],
+                           "fma_probe_of_peak": sm["probe"], "step_s_by_round": sm["by_round"],
+                           "speedup_by_round": ratios,
                            "first_losses": sm["loss"], "plan_bytes": int(plan["memory_total_bytes"]),
                            "commands": sm["cmds"]})
         print(bl.table(["run", "dtype", "median s", "tokens/s", "TFLOP/s", "MFU", "peak RSS GiB",
@@ -201,6 +220,9 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
                        rows))
         for note in notes:
             print(f"  {note}")
+        if by_round:
+            print("stepscope speed-up round by round (each round runs every engine back to back):")
+            print("\n".join(by_round))
         ss = sums.get("stepscope")
         if ss and "error" not in ss:
             print(f"stepscope peak RSS {bl.gib(ss['peak_rss'])} GiB = {ss['peak_rss'] / bl.GIB / plan_gib:.3f} "

@@ -1,0 +1,44 @@
+"""bench/vs_torch.py's report, from results made up here (no engine runs): the median table and
+the speed-ups round by round, which pair each torch round with stepscope's round of the same
+repeat and leave out rounds where either failed."""
+import sys
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import vs_torch  # noqa: E402
+
+GIB = 1 << 30
+
+
+def run_result(step_s, rc=0):
+    # step 0 is start-up and left out of each round's median
+    return {"rc": rc, "seconds": [99.0, step_s, step_s], "peak_rss": 12 * GIB, "others_cores": 0.01,
+            "probe": 1.2, "losses": [12.1, 11.6, 10.1], "cmd": "made up", "over_cap": False}
+
+
+def test_round_ratios_pair_rounds_and_skip_failures():
+    assert vs_torch.round_ratios([9.0, 8.0, None], [4.5, 4.0, 5.0]) == [2.0, 2.0]
+    assert vs_torch.round_ratios([9.0, 8.0], [None, 4.0]) == [2.0]
+    assert vs_torch.round_ratios([], []) == []
+
+
+def test_report_prints_speedups_round_by_round(capsys):
+    key = (1, 1024)
+    results = {
+        (key, "stepscope-bf16"): [run_result(4.0), run_result(5.0), run_result(4.5)],
+        (key, "eager-bf16"): [run_result(8.0), run_result(8.0, rc=1), run_result(9.9)],
+    }
+    plans = {key: {"float32": {"per_device_tflops": "4.0225", "memory_total_bytes": str(11 * GIB)}}}
+    a = types.SimpleNamespace(model="qwen3-0.6b", threads=2, peak=0.446)
+    report = vs_torch.print_tables(a, [key], ["stepscope-bf16", "eager-bf16"], results, plans, 0.892)
+    out = capsys.readouterr().out
+    # medians over the completed rounds: ours 4.5 s, theirs median(8.0, 9.9) = 8.95 s
+    assert "1.99x" in out
+    assert "torch eager autocast bfloat16: 2.00, 2.20 (median 2.10)" in out
+    torch_row = next(r for r in report if r["run"] == "eager-bf16")
+    assert torch_row["step_s_by_round"] == [8.0, None, 9.9]
+    assert [round(x, 6) for x in torch_row["speedup_by_round"]] == [2.0, 2.2]
+    ours_row = next(r for r in report if r["run"] == "stepscope-bf16")
+    assert ours_row["speedup_by_round"] == []
