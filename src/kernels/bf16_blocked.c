@@ -48,6 +48,12 @@ static void block_product(bool amx, float *C, int64_t ldc, amx_a_tiles_t A, cons
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* Where the tile sums of C's block from row m, column n go (sums: NULL, or the sums of C's
+ * first tile, tile rows sums_ld apart). */
+static float *sums_at(float *sums, int64_t sums_ld, int64_t m, int64_t n) {
+    return sums ? sums + m / DPBF16_TILE_ROWS * sums_ld + n / 32 : NULL;
+}
+
 /* The products whose A is read in place and whose K is 1024 or more and within a layer's
  * (qwen3-0.6b: o_proj's and down_proj's forwards, K = 2048 and 3072; gate_up_proj's and
  * qkv_proj's input gradients, K = 6144 and 4096; all N = 1024, so 512 columns a thread), on
@@ -146,7 +152,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
                     int64_t mw = min64(MC, m_hi - mc);
                     amx_pack_a(blk, trans_a, trans_a ? A + kc * lda + mc : A + mc * lda + kc, lda, mw, kw);
                     block_product(amx, C + mc * ldc + nc, ldc, amx_a_packed(blk, kwp), full, kwp, mw, nw, kwp, load_c,
-                                  sums ? sums + mc / DPBF16_TILE_ROWS * sums_ld + nc / 32 : NULL, sums_ld);
+                                  sums_at(sums, sums_ld, mc, nc), sums_ld);
                 }
             }
             continue;
@@ -163,7 +169,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
                 int64_t nw = min64(nc_step, n_hi - nc);
                 if (!b_whole) pack_b(Bp, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw);
                 block_product(amx, C + mc * ldc + nc, ldc, at, b_whole ? Bp + (nc - n_lo) / 16 * panel : Bp, kwp, mw,
-                              nw, kwp, load_c, sums ? sums + mc / DPBF16_TILE_ROWS * sums_ld + nc / 32 : NULL, sums_ld);
+                              nw, kwp, load_c, sums_at(sums, sums_ld, mc, nc), sums_ld);
             }
         }
     }
