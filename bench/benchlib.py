@@ -44,16 +44,29 @@ def build():
         sys.exit(f"bench: make failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
 
 
+def _probe(name, field, threads, seconds):
+    """The figure build/bench/<name> prints after `field` on its first line, or None where it
+    cannot run."""
+    r = subprocess.run([str(ROOT / "build" / "bench" / name), str(threads), str(seconds)],
+                       capture_output=True, text=True)
+    fields = r.stdout.split()
+    if r.returncode != 0 or len(fields) < 2 or fields[0] != field:
+        return None
+    return float(fields[1])
+
+
 def fma_probe(threads, seconds=0.5):
     """TFLOP/s the cores' FMA units deliver right now (build/bench/fma_probe: stepscope's start-up
     probe, best of 5 rounds), or None where it cannot run. On a shared VM it moves by a quarter
     or more within minutes: logged beside each run, it tells a slow round from a slow engine."""
-    r = subprocess.run([str(ROOT / "build" / "bench" / "fma_probe"), str(threads), str(seconds)],
-                       capture_output=True, text=True)
-    fields = r.stdout.split()
-    if r.returncode != 0 or len(fields) < 2 or fields[0] != "fma_probe_tflops":
-        return None
-    return float(fields[1])
+    return _probe("fma_probe", "fma_probe_tflops", threads, seconds)
+
+
+def mem_probe(threads, seconds=0.5):
+    """GB/s the memory bus delivers right now (build/bench/mem_probe: a STREAM-style triad over
+    three 256 MiB arrays, best of its rounds), or None where it cannot run. It moves with the
+    VM's neighbours apart from the FMA probe, and bandwidth-bound engines move with it."""
+    return _probe("mem_probe", "mem_probe_gbs", threads, seconds)
 
 
 def meminfo(key):

@@ -11,7 +11,9 @@ MaxText's count (per_device_tflops from stepscope's --dry-run), MFU against --pe
 --bf16-peak, peak RSS (the child's ru_maxrss), and the CPU other processes took during the run
 (in cores; near 0 = the run had the machine), and what the cores' FMA units delivered around it
 (build/bench/fma_probe before and after, as a fraction of --peak: this VM's speed moves by a
-quarter or more within minutes, and a round run at 0.6 of the peak is slow for any engine).
+quarter or more within minutes, and a round run at 0.6 of the peak is slow for any engine), and
+what the memory bus delivered (build/bench/mem_probe before and after, GB/s: it moves apart from
+the FMA units, and an engine bound by memory traffic moves with it).
 Ratios: stepscope's tokens/s over each run's (of the medians, and round by round), and its peak
 RSS over theirs.
 
@@ -111,22 +113,24 @@ def main():
                         continue
                     over = base + (["dtype=bfloat16"] if dtype == "bfloat16" else [])
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: stepscope")
-                    probe0 = bl.fma_probe(a.threads)
+                    probe0, mem0 = bl.fma_probe(a.threads), bl.mem_probe(a.threads)
                     peak = bf16_peak if dtype == "bfloat16" else a.peak  # the dtype's peak
                     res = bl.run_stepscope(over, workdir, name, a.threads, peak)
                 else:
                     cap = bl.memory_cap(a.memory_cap_gib)
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: torch {mode} {dtype} (RSS cap {cap / bl.GIB:.1f} GiB)")
-                    probe0 = bl.fma_probe(a.threads)
+                    probe0, mem0 = bl.fma_probe(a.threads), bl.mem_probe(a.threads)
                     res = bl.run_torch(base, workdir, name, a.threads, mode, dtype, rss_cap=cap)
-                probe1 = bl.fma_probe(a.threads)
+                probe1, mem1 = bl.fma_probe(a.threads), bl.mem_probe(a.threads)
                 res["probe"] = (probe0 + probe1) / 2 / a.peak if probe0 and probe1 else None
+                res["mem_gbs"] = (mem0 + mem1) / 2 if mem0 and mem1 else None
                 if res["rc"] != 0 or len(res["seconds"]) < 2:
                     why = "over the RSS cap" if res["over_cap"] else f"exit {res['rc']}"
                     bl.log(f"  failed ({why}); log {res['log']}:\n{bl.tail(res['log'])}")
                 else:
                     probed = (f", FMA probe {probe0:.4f} before and {probe1:.4f} TFLOP/s after"
                               if probe0 and probe1 else "")
+                    probed += f", memory {mem0:.1f} before and {mem1:.1f} GB/s after" if mem0 and mem1 else ""
                     bl.log(f"  median step {bl.median_step(res['seconds']):.3f} s, peak RSS "
                            f"{res['peak_rss'] / bl.GIB:.2f} GiB, others' CPU {res['others_cores']:.2f} cores{probed}")
                 results.setdefault(key, []).append(res)
@@ -162,6 +166,7 @@ def summarise(reps):
             "peak_rss": max(r["peak_rss"] for r in ok),
             "others": max(r["others_cores"] for r in ok),
             "probe": [r.get("probe") for r in ok],
+            "mem_gbs": [r.get("mem_gbs") for r in ok],
             "by_round": [bl.median_step(r["seconds"]) if completed(r) else None for r in reps],
             "steps": len(ok[0]["seconds"]), "repeats": len(ok), "loss": ok[0]["losses"][:3],
             "cmds": [r["cmd"] for r in ok]}
@@ -185,7 +190,7 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
             engine, mode, dtype, label = RUNS[run]
             if "error" in sm:
                 notes.append(f"{label} {dtype}: {sm['error']}")
-                rows.append([label, dtype] + ["-"] * 10)
+                rows.append([label, dtype] + ["-"] * 11)
                 continue
             tps = b * s / sm["median"]
             tflops = tflop / sm["median"]
@@ -205,18 +210,21 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
                                     (f" (median {statistics.median(ratios):.2f})" if ratios else ""))
             probes = [p for p in sm["probe"] if p is not None]
             probe = f"{statistics.median(probes):.2f}" if probes else "-"
+            mems = [m for m in sm["mem_gbs"] if m is not None]
+            mem_gbs = f"{statistics.median(mems):.1f}" if mems else "-"
             rows.append([label, dtype, f"{sm['median']:.3f}", f"{tps:.1f}", f"{tflops:.4f}", f"{100 * mfu:.1f}%",
-                         bl.gib(sm["peak_rss"]), f"{sm['others']:.2f}", probe, speed, mem,
+                         bl.gib(sm["peak_rss"]), f"{sm['others']:.2f}", probe, mem_gbs, speed, mem,
                          f"{sm['steps']}x{sm['repeats']}"])
             report.append({"model": a.model, "batch": b, "seq": s, "run": run, "dtype": dtype,
                            "median_step_s": sm["median"], "tokens_per_s": tps, "tflops_per_s": tflops, "mfu": mfu,
                            "peak_rss_bytes": sm["peak_rss"], "others_cores": sm["others"],
-                           "fma_probe_of_peak": sm["probe"], "step_s_by_round": sm["by_round"],
+                           "fma_probe_of_peak": sm["probe"],
+                           "mem_probe_gbs": sm["mem_gbs"], "step_s_by_round": sm["by_round"],
                            "speedup_by_round": ratios,
                            "first_losses": sm["loss"], "plan_bytes": int(plan["memory_total_bytes"]),
                            "commands": sm["cmds"]})
         print(bl.table(["run", "dtype", "median s", "tokens/s", "TFLOP/s", "MFU", "peak RSS GiB",
-                        "others' CPU", "FMA probe/peak", "stepscope speed-up", "RSS ours/theirs", "steps x reps"],
+                        "others' CPU", "FMA probe/peak", "memory GB/s", "stepscope speed-up", "RSS ours/theirs", "steps x reps"],
                        rows))
         for note in notes:
             print(f"  {note}")
@@ -230,7 +238,8 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
     print("\nspeed-up = run's median step time / stepscope's (same dtype; '(fp32)' where stepscope has no bf16); "
           "> 1 means stepscope is faster. others' CPU: cores that other processes used during the run "
           "(timings with > 0.1 are suspect). FMA probe/peak: median over the run's rounds of build/bench/fma_probe "
-          "before and after each, over --peak (fp32): what the cores could do then, whatever the engine.")
+          "before and after each, over --peak (fp32): what the cores could do then, whatever the engine. memory GB/s: "
+          "the same for build/bench/mem_probe (a triad over 768 MiB on every thread).")
     return report
 
 

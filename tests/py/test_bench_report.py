@@ -12,10 +12,10 @@ import vs_torch  # noqa: E402
 GIB = 1 << 30
 
 
-def run_result(step_s, rc=0):
+def run_result(step_s, rc=0, mem_gbs=80.0):
     # step 0 is start-up and left out of each round's median
     return {"rc": rc, "seconds": [99.0, step_s, step_s], "peak_rss": 12 * GIB, "others_cores": 0.01,
-            "probe": 1.2, "losses": [12.1, 11.6, 10.1], "cmd": "made up", "over_cap": False}
+            "probe": 1.2, "mem_gbs": mem_gbs, "losses": [12.1, 11.6, 10.1], "cmd": "made up", "over_cap": False}
 
 
 def test_round_ratios_pair_rounds_and_skip_failures():
@@ -28,7 +28,7 @@ def test_report_prints_speedups_round_by_round(capsys):
     key = (1, 1024)
     results = {
         (key, "stepscope-bf16"): [run_result(4.0), run_result(5.0), run_result(4.5)],
-        (key, "eager-bf16"): [run_result(8.0), run_result(8.0, rc=1), run_result(9.9)],
+        (key, "eager-bf16"): [run_result(8.0, mem_gbs=81.0), run_result(8.0, rc=1), run_result(9.9, mem_gbs=60.0)],
     }
     plans = {key: {"float32": {"per_device_tflops": "4.0225", "memory_total_bytes": str(11 * GIB)}}}
     a = types.SimpleNamespace(model="qwen3-0.6b", threads=2, peak=0.446)
@@ -39,6 +39,9 @@ def test_report_prints_speedups_round_by_round(capsys):
     assert "torch eager autocast bfloat16: 2.00, 2.20 (median 2.10)" in out
     torch_row = next(r for r in report if r["run"] == "eager-bf16")
     assert torch_row["step_s_by_round"] == [8.0, None, 9.9]
+    # the memory probe, as the FMA probe, is kept per completed round; the table shows its median
+    assert torch_row["mem_probe_gbs"] == [81.0, 60.0]
+    assert "70.5" in out and "memory GB/s" in out
     assert [round(x, 6) for x in torch_row["speedup_by_round"]] == [2.0, 2.2]
     ours_row = next(r for r in report if r["run"] == "stepscope-bf16")
     assert ours_row["speedup_by_round"] == []
