@@ -334,6 +334,12 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             printf("resident memory after set-up: %.3f GiB%s, %.3fx the plan's %.3f GiB\n", (double)mem.rss_bytes / 1073741824.0,
                    multi ? " (rank 0)" : "", (double)mem.rss_bytes / (double)plan->total_bytes,
                    (double)plan->total_bytes / 1073741824.0);
+        const train_state_t *st = &l.state;
+        printf("set-up: %.3f GiB of buffers mapped and touched in %.2f s (%.2f GB/s of first-touch page faults), "
+               "parameters %s in %.2f s\n",
+               (double)st->setup_touched_bytes / 1073741824.0, st->setup_touch_s,
+               st->setup_touch_s > 0 ? (double)st->setup_touched_bytes / st->setup_touch_s / 1e9 : 0.0,
+               cfg->load_parameters_path[0] ? "loaded" : "initialised", st->setup_params_s);
     }
     if (rc == LOOP_OK) rc = interrupted_in_setup(err, errlen);
     if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0)))

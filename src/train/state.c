@@ -17,6 +17,7 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     s->trace = trace;
     const qwen3_dims_t *d = &plan->dims;
     int64_t n = plan->num_params;
+    const int64_t t_alloc = trace_now_ns();
     if (!(s->params = alloc_floats(plan->params_bytes, "parameters", err, errlen)) ||
         !(s->grads = alloc_floats(plan->grads_bytes, "gradients", err, errlen)) ||
         !(s->adam_m = alloc_floats(plan->optimizer_bytes, "optimizer state", err, errlen)) ||
@@ -26,6 +27,9 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         train_state_destroy(s);
         return 1;
     }
+    const int64_t t_params = trace_now_ns();
+    s->setup_touch_s = (double)(t_params - t_alloc) * 1e-9;
+    s->setup_touched_bytes = plan->total_bytes; /* the buffers above are the plan's parts */
     /* The optimizer allocation holds m, then v (of this rank's shard), then the norm partials. */
     int64_t shard_index = par ? comm_rank(par->shard) : 0;
     zero_shard_range(n, plan->shard_ranks, shard_index, &s->shard_lo, &s->shard_n);
@@ -48,6 +52,7 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         qwen3_init_params(s->params, d, (uint64_t)cfg->init_weights_seed);
     }
     if (s->params_bf16) bf16_from_f32_array(s->params_bf16, s->params, n);
+    s->setup_params_s = (double)(trace_now_ns() - t_params) * 1e-9;
     qwen3_options_t opt = {.num_threads = plan->num_threads, .remat = plan->remat, .rows = plan->rows,
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
                            .bf16 = plan->bf16, .gemm_library = lib, .trace = trace};

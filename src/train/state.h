@@ -39,6 +39,11 @@ typedef struct train_state {
     int64_t updates_done;
     trace_t *trace;
     uint32_t span_optimizer, span_grad_norm, span_adamw;
+    /* Where set-up's time went, for the console: the arena's buffers (mapped and every page
+     * touched: on a VM that has handed freed memory back to its host this is most of a
+     * start-up) and the parameters (initialised or loaded, and their bf16 copy). */
+    uint64_t setup_touched_bytes;
+    double setup_touch_s, setup_params_s;
 } train_state_t;
 
 typedef struct step_result {

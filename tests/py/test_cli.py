@@ -328,6 +328,13 @@ def test_tiny_run_outputs(tmp_path):
     assert (peak_gib - h) / (plan_gib + h) - 0.0005 <= ratio <= (peak_gib + h) / (plan_gib - h) + 0.0005
     setup = re.search(r"^resident memory after set-up: (\d+\.\d+) GiB, \d+\.\d+x the plan's", r.stdout, re.M)
     assert setup and float(setup.group(1)) <= peak_gib + 0.002, r.stdout
+    # set-up's time, measured around the plan's buffers (all of them: the plan's bytes) and the init
+    touch = re.search(r"^set-up: (\d+\.\d+) GiB of buffers mapped and touched in (\d+\.\d+) s "
+                      r"\((\d+\.\d+) GB/s of first-touch page faults\), parameters initialised in (\d+\.\d+) s$",
+                      r.stdout, re.M)
+    assert touch, r.stdout
+    assert float(touch.group(1)) == pytest.approx(plan_gib, abs=1e-3)
+    assert float(touch.group(3)) > 0 and float(touch.group(2)) < 60 and float(touch.group(4)) < 60
 
     # metrics.jsonl: five records with the documented keys and consistent arithmetic
     recs, lines = read_metrics(tmp_path)
