@@ -95,13 +95,21 @@ void qwen3_init_params(float *base, const qwen3_dims_t *d, uint64_t seed) {
             for (int64_t j = 0; j < numel; j++) p[j] = 1.0f;
             continue;
         }
-        int64_t pairs = (numel + 1) / 2;
-#pragma omp parallel for schedule(static)
+        /* Whole pairs in a vectorised loop, an odd last element after it: each draw is the same
+         * arithmetic in a vector lane or alone (util/rng.h), so the bits depend on neither the
+         * thread count nor where a thread's range starts. */
+        const int64_t pairs = numel / 2;
+#pragma omp parallel for simd schedule(static)
         for (int64_t k = 0; k < pairs; k++) {
             float z0, z1;
             rng_normal_pair(seed, (uint64_t)i, (uint64_t)k, &z0, &z1);
             p[2 * k] = std * z0;
-            if (2 * k + 1 < numel) p[2 * k + 1] = std * z1;
+            p[2 * k + 1] = std * z1;
+        }
+        if (numel % 2) {
+            float z0, z1;
+            rng_normal_pair(seed, (uint64_t)i, (uint64_t)pairs, &z0, &z1);
+            p[numel - 1] = std * z0;
         }
     }
     free(t);
