@@ -35,8 +35,8 @@ int main(int argc, char **argv) {
     const size_t bytes = (size_t)ELEMENTS * sizeof(float);
     float *a = arena_alloc(bytes, "mem_probe a", err, sizeof err), *b = arena_alloc(bytes, "mem_probe b", err, sizeof err),
           *c = arena_alloc(bytes, "mem_probe c", err, sizeof err);
-    if (!a || !b || !c) {
-        fprintf(stderr, "mem_probe: %s\n", err);
+    if (!a || !b || !c) { /* err's hint is the step's (batch, sequence): not this probe's */
+        fprintf(stderr, "mem_probe: cannot map 3 x 256 MiB for the triad; free some memory and run it again\n");
         return 1;
     }
     triad(a, b, c, 0.5f, ELEMENTS, threads); /* one untimed pass: the values (the arena's zeros) do not matter */
