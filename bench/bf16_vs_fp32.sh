@@ -2,7 +2,8 @@
 # dtype=bfloat16 against float32 on one config, side by side in one run: the loss curve (every
 # step, relative difference) and the step time (median, tokens/s, ratio). The data is a token
 # file with structure to learn (each token follows from the previous one by a fixed rule, with
-# 10% random tokens), so the curve falls well below ln(vocab) and a drift would show.
+# 10% random tokens), so the curve falls (below ln(vocab) = 11.93 within 30 steps at lr 1e-4:
+# 11.55 at step 29 on 2026-12-07) and a drift would show.
 #   bench/bf16_vs_fp32.sh [steps=30] [key=value ...]
 #   default config: qwen3-0.6b, batch 1 x 256, lr 1e-4 (at 3e-4 this small batch's fp32 curve
 #   spikes and the two runs part after ~25 steps), device_peak_tflops unset (probe)
