@@ -121,22 +121,36 @@ static void pack_b(bf16_t *dst, bool trans, const bf16_t *B, int64_t ldb, int64_
  * multiples were already excluded (qkv_proj's query gradient ran at 0.93x MKL in place). */
 static bool a_read_in_place(bool trans_a, int64_t K, int64_t lda) { return !trans_a && K % 32 == 0 && lda % 1024 != 0; }
 
-/* C's rows [m_lo, m_hi) and columns [n_lo, n_hi) on the calling thread, K kslice deep at a time
- * (k_slice, from the whole product); no operand is packed twice (see the block extents above). */
+/* The blocking that follows the whole product's shape, decided once for every thread's part:
+ * whether A is read in place, the K slice (which sets C's bits, so never a thread's part's) and
+ * the column block of a whole-packed B. */
+typedef struct {
+    bool a_direct;
+    int64_t kslice, nc_step;
+} blocking_t;
+
+static blocking_t blocking_of(bool trans_a, int64_t M, int64_t N, int64_t K, int64_t lda) {
+    const bool amx = amx_available(), a_direct = a_read_in_place(trans_a, K, lda);
+    return (blocking_t){.a_direct = a_direct,
+                        .kslice = k_slice(amx, M * N, K, a_direct),
+                        .nc_step = in_place_deep(amx, K, a_direct) ? IN_PLACE_NC : NC};
+}
+
+/* C's rows [m_lo, m_hi) and columns [n_lo, n_hi) on the calling thread, as bk says (from the
+ * whole product); no operand is packed twice (see the block extents above). */
 static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi, int64_t K,
-                      int64_t kslice, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t ldb, float *C,
+                      const blocking_t *bk, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t ldb, float *C,
                       int64_t ldc, bool accumulate, bf16_t *work, float *tile_sumsq, int64_t sums_ld) {
     const int64_t whole = whole_elems();
     bf16_t *full = work, *blk = work + whole;
-    const int64_t mt = m_hi - m_lo, nt = n_hi - n_lo;
-    const bool a_direct = a_read_in_place(trans_a, K, lda);
+    const int64_t mt = m_hi - m_lo, nt = n_hi - n_lo, kslice = bk->kslice, nc_step = bk->nc_step;
+    const bool a_direct = bk->a_direct;
     const bool amx = amx_available();
     const bool a_whole = !a_direct && mt <= FULL && mt <= nt;
     const bool b_whole = !a_whole && nt <= FULL && nt * amx_round32(kslice) <= whole;
     const int64_t mstep = a_whole || a_direct ? mt : MC;
     bf16_t *Ap = a_whole ? full : blk, *Bp = a_whole ? blk : full;
     if (amx) amx_configure_full_tiles();
-    const int64_t nc_step = in_place_deep(amx, K, a_direct) ? IN_PLACE_NC : NC;
     for (int64_t kc = 0; kc < K; kc += kslice) {
         int64_t kw = min64(kslice, K - kc), kwp = amx_round32(kw);
         bool load_c = accumulate || kc > 0;
@@ -189,10 +203,10 @@ void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
      * nothing; a transposed operand costs about three times a plain one to pack (two source
      * rows interleaved, then a 16 × 16 transpose). Each element of C is computed by one thread
      * in one fixed order, so the thread count does not change a bit. */
-    const double a_cost = a_read_in_place(trans_a, K, lda) ? 0.0 : (double)M * (double)K * (trans_a ? 3 : 1);
+    const blocking_t bk = blocking_of(trans_a, M, N, K, lda);
+    const double a_cost = bk.a_direct ? 0.0 : (double)M * (double)K * (trans_a ? 3 : 1);
     const double b_cost = (double)N * (double)K * (trans_b ? 3 : 1);
     const bool split_n = M / 32 < threads || (N / 32 >= threads && a_cost <= b_cost);
-    const int64_t kslice = k_slice(amx_available(), M * N, K, a_read_in_place(trans_a, K, lda));
     const int64_t blocks = (split_n ? N : M) / 32;
 #pragma omp parallel num_threads(threads)
     {
@@ -200,7 +214,7 @@ void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
         int64_t lo = blocks * t / nt * 32, hi = blocks * (t + 1) / nt * 32;
         if (hi > lo)
             gemm_part(trans_a, trans_b, split_n ? 0 : lo, split_n ? M : hi, split_n ? lo : 0, split_n ? hi : N, K,
-                      kslice, A, lda, B, ldb, C, ldc, accumulate, workspace + t * bf16_blocked_workspace_elems(),
+                      &bk, A, lda, B, ldb, C, ldc, accumulate, workspace + t * bf16_blocked_workspace_elems(),
                       tile_sumsq, N / 32);
     }
 }
