@@ -69,6 +69,11 @@ def mem_probe(threads, seconds=0.5):
     return _probe("mem_probe", "mem_probe_gbs", threads, seconds)
 
 
+def machine_probes(threads):
+    """(fma_probe, mem_probe) now: what the cores and the memory bus deliver around a run."""
+    return fma_probe(threads), mem_probe(threads)
+
+
 def meminfo(key):
     with open("/proc/meminfo") as f:
         for line in f:

@@ -113,15 +113,15 @@ def main():
                         continue
                     over = base + (["dtype=bfloat16"] if dtype == "bfloat16" else [])
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: stepscope")
-                    probe0, mem0 = bl.fma_probe(a.threads), bl.mem_probe(a.threads)
+                    probe0, mem0 = bl.machine_probes(a.threads)
                     peak = bf16_peak if dtype == "bfloat16" else a.peak  # the dtype's peak
                     res = bl.run_stepscope(over, workdir, name, a.threads, peak)
                 else:
                     cap = bl.memory_cap(a.memory_cap_gib)
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: torch {mode} {dtype} (RSS cap {cap / bl.GIB:.1f} GiB)")
-                    probe0, mem0 = bl.fma_probe(a.threads), bl.mem_probe(a.threads)
+                    probe0, mem0 = bl.machine_probes(a.threads)
                     res = bl.run_torch(base, workdir, name, a.threads, mode, dtype, rss_cap=cap)
-                probe1, mem1 = bl.fma_probe(a.threads), bl.mem_probe(a.threads)
+                probe1, mem1 = bl.machine_probes(a.threads)
                 res["probe"] = (probe0 + probe1) / 2 / a.peak if probe0 and probe1 else None
                 res["mem_gbs"] = (mem0 + mem1) / 2 if mem0 and mem1 else None
                 if res["rc"] != 0 or len(res["seconds"]) < 2:
