@@ -13,8 +13,8 @@
  * in L2 while its rows go by. The whole-packed operand's space holds FULL × KC elements, or on
  * AVX512-BF16 NC × DEEP_KC for the deep slices (k_slice). */
 enum { MC = 256, NC = 512, KC = 1024, FULL = 1024, DEEP_KC = 4096, BLK = (MC > NC ? MC : NC) * KC };
-/* The layers' deep products with A read in place, on AVX512-BF16 (in_place_deep): slices and
- * column blocks of their own. */
+/* The layers' deep products with A read in place, on AVX512-BF16 (takes_in_place_blocking):
+ * slices and column blocks of their own. */
 enum { IN_PLACE_KC = 1024, IN_PLACE_NC = 256 };
 /* dpbf16_tile_product tells a deep slice by its depth alone (DPBF16_DEEP_K): the other slices
  * (512, IN_PLACE_KC, or KC on AMX) stay below it, and the deep ones (DEEP_KC) reach it. */
@@ -70,7 +70,7 @@ static float *sums_at(float *sums, int64_t sums_ld, int64_t m, int64_t n) {
  * of 512 had loaded it again: those five forms 1.026x, 1.051x and 1.016x in three runs of the same
  * harness (each 1.00-1.04x, the LM head's 1.02-1.16x); in 512-column blocks 1.032x, in 128 0.992x,
  * and 512-deep slices in 256-column blocks 0.989x (one run each). */
-static bool in_place_deep(bool amx, int64_t K, bool a_direct) {
+static bool takes_in_place_blocking(bool amx, int64_t K, bool a_direct) {
     /* Not on whether B is packed whole (a thread's columns at most FULL), which depends on the
      * thread count: the slices, and so C's bits, must not. */
     return !amx && a_direct && K >= IN_PLACE_KC && K <= BF16_BLOCKED_K_MAX_AMX;
@@ -91,7 +91,7 @@ static bool in_place_deep(bool amx, int64_t K, bool a_direct) {
  * test had been a thread's mt × nt, so on AMX a C between 8 M and 16 M elements took 1024-deep
  * slices on one thread and 512 on two. */
 static int64_t k_slice(bool amx, int64_t c_elems, int64_t K, bool a_direct) {
-    if (in_place_deep(amx, K, a_direct)) return IN_PLACE_KC;
+    if (takes_in_place_blocking(amx, K, a_direct)) return IN_PLACE_KC;
     /* AVX512-BF16 keeps 512 for every other C of the layers: its tiles fetch C's lines ahead
      * (dpbf16.c), and the LM head's forward ran 85% of the peak at 512 on the Zen 4. Where K is
      * deeper than any layer's (the LM head's input gradient, K = the vocabulary, 151936), the
@@ -133,7 +133,7 @@ static blocking_t blocking_of(bool trans_a, int64_t M, int64_t N, int64_t K, int
     const bool amx = amx_available(), a_direct = a_read_in_place(trans_a, K, lda);
     return (blocking_t){.a_direct = a_direct,
                         .kslice = k_slice(amx, M * N, K, a_direct),
-                        .nc_step = in_place_deep(amx, K, a_direct) ? IN_PLACE_NC : NC};
+                        .nc_step = takes_in_place_blocking(amx, K, a_direct) ? IN_PLACE_NC : NC};
 }
 
 /* C's rows [m_lo, m_hi) and columns [n_lo, n_hi) on the calling thread, as bk says (from the

@@ -547,10 +547,15 @@ static void run_blocked(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, in
     bf16_blocked_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads, tile_sums);
 }
 
+/* Whether our blocked kernel (AMX tiles or AVX512-BF16 dot products) takes this product. */
+static bool blocked_takes(const gemm_ctx_t *g, int64_t M, int64_t N, int64_t K) {
+    return g->bf16_tiles && bf16_blocked_fits(M, N, K);
+}
+
 void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate) {
-    if (g->bf16_tiles && bf16_blocked_fits(M, N, K)) {
+    if (blocked_takes(g, M, N, K)) {
         run_blocked(g, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, NULL);
         return;
     }
@@ -568,7 +573,7 @@ int64_t gemm_sumsq_floats(int64_t M, int64_t N) { return (M / DPBF16_TILE_ROWS) 
 bool gemm_bf16_sumsq(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                      const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc,
                      float *tile_sums, int64_t tile_sums_floats, double *sumsq) {
-    if (!(g->bf16_tiles && bf16_blocked_fits(M, N, K) && bf16_blocked_sums_squares() && K > 0 &&
+    if (!(blocked_takes(g, M, N, K) && bf16_blocked_sums_squares() && K > 0 &&
           gemm_sumsq_floats(M, N) <= tile_sums_floats)) {
         gemm_bf16(g, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, false);
         return false;
