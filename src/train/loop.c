@@ -198,6 +198,20 @@ static double resolve_peak(const config_t *cfg, int threads) {
     return p;
 }
 
+/* The start-up probe measured the cores before the steps; measured again after them, the two say
+ * whether the machine's pace held through the run, and so whether its step times compare with
+ * another run's: on a shared VM the probe has read anywhere from 0.38 to 0.58 TFLOP/s within an
+ * hour, and whole steps moved with it (docs/performance_log.md, run BR). Beyond a tenth either way,
+ * say so. */
+enum { PROBE_DRIFT_PERCENT = 10 };
+static void print_probe_after(const config_t *cfg, int threads, double before) {
+    double after = peak_probe_tflops(cfg->dtype == DTYPE_BFLOAT16, threads, 0.25), ratio = after / before;
+    bool moved = fabs(ratio - 1.0) * 100.0 > PROBE_DRIFT_PERCENT;
+    printf("  machine         probe %.4f TFLOP/s after the steps, %.3fx the start-up probe's %.4f%s\n", after, ratio,
+           before, moved ? ": the cores' pace moved during the run, so compare its step times with another run's with care"
+                         : "");
+}
+
 static int open_data(loop_t *l, char *err, size_t errlen) {
     const config_t *cfg = l->cfg;
     data_options_t opt = {.dataset_type = cfg->dataset_type, .dataset_path = cfg->dataset_path,
@@ -427,6 +441,8 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         rc = LOOP_FAILED;
     }
     if (report) report_summary(report, stdout);
+    if (report && cfg->device_peak_tflops <= 0 && rc == LOOP_OK && l.completed >= 1)
+        print_probe_after(cfg, plan->num_threads, peak);
     if (writer) print_comm(&l);
     if (writer && l.trace && pf.written) {
         summary_t s;

@@ -411,6 +411,34 @@ def test_mfu_over_100_percent_is_pointed_out_once(tmp_path):
     assert "below what this run reaches" not in r.stderr, r.stderr
 
 
+def test_probe_after_the_steps(tmp_path):
+    # Without device_peak_tflops the start-up probe sets the peak, and the summary gives a second
+    # probe, after the steps, as a ratio to the first: whether the cores' pace held through the
+    # run. Beyond a tenth either way the line says so.
+    r = stepscope(tmp_path, "model_name=tiny", "profiler=", "steps=3", "run_name=probed")
+    assert r.returncode == 0, r.stdout + r.stderr
+    mfu = re.search(r"^  MFU             \d+\.\d+% of (\d+\.\d+) TFLOP/s$", r.stdout, re.M)
+    m = re.search(r"^  machine         probe (\d+\.\d+) TFLOP/s after the steps, (\d+\.\d+)x the start-up "
+                  r"probe's (\d+\.\d+)(: the cores' pace moved during the run, so compare its step times with "
+                  r"another run's with care)?$", r.stdout, re.M)
+    assert mfu and m, r.stdout
+    after, ratio, before = (float(m.group(i)) for i in (1, 2, 3))
+    assert before == float(mfu.group(1)) and after > 0
+    # the probes printed to 4 decimals (0.02 TFLOP/s in the sanitizer build, so up to 0.25% each),
+    # the ratio to 3
+    slack = after / before * (5e-5 / after + 5e-5 / before) + 5e-4
+    assert ratio == pytest.approx(after / before, abs=slack)
+    if abs(abs(after / before - 1) - 0.10) > slack:  # clear of the threshold, whatever the rounding
+        assert (m.group(4) is not None) == (abs(after / before - 1) > 0.10), r.stdout
+    # the line follows the summary's memory line, before anything else
+    lines = r.stdout.splitlines()
+    at = next(i for i, l in enumerate(lines) if l.startswith("  machine "))
+    assert lines[at - 1].startswith("  memory ")
+    # a peak given in device_peak_tflops: no probe at all, so no second one either
+    r = train(tmp_path, "steps=3", run_name="fixed")
+    assert "  machine " not in r.stdout and "device peak: 0.4460 TFLOP/s (device_peak_tflops)" in r.stdout, r.stdout
+
+
 # ---- 3. refusals ------------------------------------------------------------------------------
 
 def test_refuses_unknown_key(tmp_path):
