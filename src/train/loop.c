@@ -186,23 +186,33 @@ static int write_profile(loop_t *l, double peak_tflops, profile_files_t *pf, cha
     return 0;
 }
 
-static double resolve_peak(const config_t *cfg, int threads) {
+/* The MFU peak, and in *probe_before the start-up probe's reading (0 where none ran): the peak
+ * itself where device_peak_tflops is 0, else a probe of its own where machine_probe asks for the
+ * summary's machine line (users who fix the peak to compare runs are the ones who need it). */
+static double resolve_peak(const config_t *cfg, int threads, double *probe_before) {
+    bool bf16 = cfg->dtype == DTYPE_BFLOAT16;
+    *probe_before = 0.0;
     if (cfg->device_peak_tflops > 0) {
-        printf("device peak: %.4f TFLOP/s (device_peak_tflops)\n", cfg->device_peak_tflops);
+        printf("device peak: %.4f TFLOP/s (device_peak_tflops)", cfg->device_peak_tflops);
+        if (cfg->machine_probe) {
+            *probe_before = peak_probe_tflops(bf16, threads, 0.25);
+            printf("; the cores probe %.4f TFLOP/s %s now (machine_probe)", *probe_before, bf16 ? "bf16" : "fp32");
+        }
+        printf("\n");
         return cfg->device_peak_tflops;
     }
-    bool bf16 = cfg->dtype == DTYPE_BFLOAT16;
     double p = peak_probe_tflops(bf16, threads, 0.25);
     printf("device peak: %.4f TFLOP/s %s on %d threads (%s; set device_peak_tflops to fix it)\n", p,
            bf16 ? "bf16" : "fp32", threads, peak_probe_method(bf16));
+    *probe_before = p;
     return p;
 }
 
-/* The start-up probe measured the cores before the steps; measured again after them, the two say
+/* The start-up probe measured the cores before the steps; probed again after them, the two say
  * whether the machine's pace held through the run, and so whether its step times compare with
- * another run's: on a shared VM the probe has read anywhere from 0.38 to 0.58 TFLOP/s within an
- * hour, and whole steps moved with it (docs/performance_log.md, run BR). Beyond a tenth either way,
- * say so. */
+ * another run's: on a shared VM the probe has read anywhere from 0.36 to 0.58 TFLOP/s within an
+ * hour, and whole steps moved with it (docs/performance_log.md, runs BR and BS). Beyond a tenth
+ * either way, say so. */
 enum { PROBE_DRIFT_PERCENT = 10 };
 static void print_probe_after(const config_t *cfg, int threads, double before) {
     double after = peak_probe_tflops(cfg->dtype == DTYPE_BFLOAT16, threads, 0.25), ratio = after / before;
@@ -324,13 +334,13 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             l.span_data_wait = trace_intern(l.trace, "data wait", TRACE_CAT_DATA, "data");
         }
     }
-    double peak = 0.0;
+    double peak = 0.0, probe_before = 0.0;
     if (writer) {
         printf("stepscope: %s, %lld parameters, %.4f TFLOP per step per device, %d compute threads, memory plan %.3f GiB%s\n",
                cfg->model_name, (long long)plan->num_params, plan->tflops_per_device, plan->num_threads,
                (double)plan->total_bytes / 1073741824.0, multi ? " per rank" : "");
         if (multi) print_ranks(&l);
-        peak = resolve_peak(cfg, plan->num_threads);
+        peak = resolve_peak(cfg, plan->num_threads, &probe_before);
     }
     train_parallel_t par = {.world = world, .shard = l.shard, .replica = l.replica, .comm_lane = LANE_COMM,
                             .compute_lane = LANE_COMPUTE};
@@ -441,8 +451,8 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         rc = LOOP_FAILED;
     }
     if (report) report_summary(report, stdout);
-    if (report && cfg->device_peak_tflops <= 0 && rc == LOOP_OK && l.completed >= 1)
-        print_probe_after(cfg, plan->num_threads, peak);
+    if (report && cfg->machine_probe && probe_before > 0 && rc == LOOP_OK && l.completed >= 1)
+        print_probe_after(cfg, plan->num_threads, probe_before);
     if (writer) print_comm(&l);
     if (writer && l.trace && pf.written) {
         summary_t s;

@@ -4,7 +4,7 @@ token-file reader, determinism, the one-step-late loss read, data prefetch, the 
 --help/--version, divergence aborts and SIGINT.
 
 Every run writes under a pytest tmp dir (cwd and base_output_directory), uses the tiny preset,
-and passes device_peak_tflops to skip the start-up peak probe.
+and passes device_peak_tflops and machine_probe=false to skip the start-up and closing probes.
 
 Needs: pytest, numpy; optional (parts skip without them): tensorboard, xprof.
 The binary: $STEPSCOPE_BIN, default build/stepscope relative to the repository root."""
@@ -29,8 +29,8 @@ _BIN = Path(os.environ.get("STEPSCOPE_BIN", "build/stepscope"))
 BIN = _BIN if _BIN.is_absolute() else ROOT / _BIN
 CONFIG = ROOT / "configs" / "base.yml"
 PEAK = 0.446
-# tiny preset, no peak probe, no profiler unless a test asks for it
-FAST = ["model_name=tiny", f"device_peak_tflops={PEAK}", "profiler="]
+# tiny preset, no probe, no profiler unless a test asks for it
+FAST = ["model_name=tiny", f"device_peak_tflops={PEAK}", "machine_probe=false", "profiler="]
 RUN = "r"
 
 STEP_RE = re.compile(
@@ -411,32 +411,53 @@ def test_mfu_over_100_percent_is_pointed_out_once(tmp_path):
     assert "below what this run reaches" not in r.stderr, r.stderr
 
 
-def test_probe_after_the_steps(tmp_path):
-    # Without device_peak_tflops the start-up probe sets the peak, and the summary gives a second
-    # probe, after the steps, as a ratio to the first: whether the cores' pace held through the
-    # run. Beyond a tenth either way the line says so.
-    r = stepscope(tmp_path, "model_name=tiny", "profiler=", "steps=3", "run_name=probed")
-    assert r.returncode == 0, r.stdout + r.stderr
-    mfu = re.search(r"^  MFU             \d+\.\d+% of (\d+\.\d+) TFLOP/s$", r.stdout, re.M)
+def _machine_line(stdout):
+    """The summary's machine line: (probe after, ratio, probe before), its figures checked against
+    each other to the printed precision, and the flag against the threshold; it follows the
+    memory line."""
     m = re.search(r"^  machine         probe (\d+\.\d+) TFLOP/s after the steps, (\d+\.\d+)x the start-up "
                   r"probe's (\d+\.\d+)(: the cores' pace moved during the run, so compare its step times with "
-                  r"another run's with care)?$", r.stdout, re.M)
-    assert mfu and m, r.stdout
+                  r"another run's with care)?$", stdout, re.M)
+    assert m, stdout
     after, ratio, before = (float(m.group(i)) for i in (1, 2, 3))
-    assert before == float(mfu.group(1)) and after > 0
+    assert after > 0 and before > 0
     # the probes printed to 4 decimals (0.02 TFLOP/s in the sanitizer build, so up to 0.25% each),
     # the ratio to 3
     slack = after / before * (5e-5 / after + 5e-5 / before) + 5e-4
     assert ratio == pytest.approx(after / before, abs=slack)
     if abs(abs(after / before - 1) - 0.10) > slack:  # clear of the threshold, whatever the rounding
-        assert (m.group(4) is not None) == (abs(after / before - 1) > 0.10), r.stdout
-    # the line follows the summary's memory line, before anything else
-    lines = r.stdout.splitlines()
+        assert (m.group(4) is not None) == (abs(after / before - 1) > 0.10), stdout
+    lines = stdout.splitlines()
     at = next(i for i, l in enumerate(lines) if l.startswith("  machine "))
     assert lines[at - 1].startswith("  memory ")
-    # a peak given in device_peak_tflops: no probe at all, so no second one either
-    r = train(tmp_path, "steps=3", run_name="fixed")
-    assert "  machine " not in r.stdout and "device peak: 0.4460 TFLOP/s (device_peak_tflops)" in r.stdout, r.stdout
+    return after, ratio, before
+
+
+def test_probe_after_the_steps(tmp_path):
+    # machine_probe (on by default) probes the cores before the steps and after them, and the
+    # summary gives the ratio: whether the cores' pace held through the run. Beyond a tenth either
+    # way the line says so.
+    common = ["model_name=tiny", "profiler=", "steps=3"]
+    # without device_peak_tflops the start-up probe is the MFU peak too
+    r = stepscope(tmp_path, *common, "run_name=probed")
+    assert r.returncode == 0, r.stdout + r.stderr
+    mfu = re.search(r"^  MFU             \d+\.\d+% of (\d+\.\d+) TFLOP/s$", r.stdout, re.M)
+    assert mfu, r.stdout
+    assert _machine_line(r.stdout)[2] == float(mfu.group(1))
+    # a peak given in device_peak_tflops stays the MFU peak; the first probe is its own, named
+    r = stepscope(tmp_path, *common, f"device_peak_tflops={PEAK}", "run_name=fixed")
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = re.search(r"^device peak: 0\.4460 TFLOP/s \(device_peak_tflops\); the cores probe (\d+\.\d+) TFLOP/s "
+                      r"fp32 now \(machine_probe\)$", r.stdout, re.M)
+    assert first, r.stdout
+    assert _machine_line(r.stdout)[2] == float(first.group(1))
+    assert re.search(r"^  MFU             \d+\.\d+% of 0\.4460 TFLOP/s$", r.stdout, re.M), r.stdout
+    # machine_probe=false: no probe of its own, no second one, no line
+    for peak in ([f"device_peak_tflops={PEAK}"], []):
+        r = stepscope(tmp_path, *common, *peak, "machine_probe=false", f"run_name=off{len(peak)}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "  machine " not in r.stdout and "(machine_probe)" not in r.stdout, r.stdout
+    assert "set device_peak_tflops to fix it" in r.stdout  # the peak was still probed
 
 
 # ---- 3. refusals ------------------------------------------------------------------------------
