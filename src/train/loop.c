@@ -186,25 +186,31 @@ static int write_profile(loop_t *l, double peak_tflops, profile_files_t *pf, cha
     return 0;
 }
 
-/* The MFU peak, and in *probe_before the start-up probe's reading (0 where none ran): the peak
- * itself where device_peak_tflops is 0, else a probe of its own where machine_probe asks for the
- * summary's machine line (users who fix the peak to compare runs are the ones who need it). */
+/* The cores' rate now, on the run's matmul dtype: the start-up probe and the one after the steps
+ * are this same call, so that their ratio compares like with like. */
+static double probe_cores(const config_t *cfg, int threads) {
+    return peak_probe_tflops(cfg->dtype == DTYPE_BFLOAT16, threads, 0.25);
+}
+
+/* The MFU peak, and in *probe_before the start-up probe's reading where machine_probe asks for
+ * the summary's machine line (else 0): the peak itself where device_peak_tflops is 0, else a
+ * probe of its own (users who fix the peak to compare runs are the ones who need the line). */
 static double resolve_peak(const config_t *cfg, int threads, double *probe_before) {
     bool bf16 = cfg->dtype == DTYPE_BFLOAT16;
     *probe_before = 0.0;
     if (cfg->device_peak_tflops > 0) {
         printf("device peak: %.4f TFLOP/s (device_peak_tflops)", cfg->device_peak_tflops);
         if (cfg->machine_probe) {
-            *probe_before = peak_probe_tflops(bf16, threads, 0.25);
+            *probe_before = probe_cores(cfg, threads);
             printf("; the cores probe %.4f TFLOP/s %s now (machine_probe)", *probe_before, bf16 ? "bf16" : "fp32");
         }
         printf("\n");
         return cfg->device_peak_tflops;
     }
-    double p = peak_probe_tflops(bf16, threads, 0.25);
+    double p = probe_cores(cfg, threads);
     printf("device peak: %.4f TFLOP/s %s on %d threads (%s; set device_peak_tflops to fix it)\n", p,
            bf16 ? "bf16" : "fp32", threads, peak_probe_method(bf16));
-    *probe_before = p;
+    if (cfg->machine_probe) *probe_before = p;
     return p;
 }
 
@@ -215,7 +221,7 @@ static double resolve_peak(const config_t *cfg, int threads, double *probe_befor
  * either way, say so. */
 enum { PROBE_DRIFT_PERCENT = 10 };
 static void print_probe_after(const config_t *cfg, int threads, double before) {
-    double after = peak_probe_tflops(cfg->dtype == DTYPE_BFLOAT16, threads, 0.25), ratio = after / before;
+    double after = probe_cores(cfg, threads), ratio = after / before;
     bool moved = fabs(ratio - 1.0) * 100.0 > PROBE_DRIFT_PERCENT;
     printf("  machine         probe %.4f TFLOP/s after the steps, %.3fx the start-up probe's %.4f%s\n", after, ratio,
            before, moved ? ": the cores' pace moved during the run, so compare its step times with another run's with care"
@@ -451,7 +457,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         rc = LOOP_FAILED;
     }
     if (report) report_summary(report, stdout);
-    if (report && cfg->machine_probe && probe_before > 0 && rc == LOOP_OK && l.completed >= 1)
+    if (report && probe_before > 0 && rc == LOOP_OK && l.completed >= 1)
         print_probe_after(cfg, plan->num_threads, probe_before);
     if (writer) print_comm(&l);
     if (writer && l.trace && pf.written) {
