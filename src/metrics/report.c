@@ -20,6 +20,7 @@ struct report {
     double peak_tflops;
     char metrics_path[4 * CONFIG_STR_MAX];
     char partial_path[4 * CONFIG_STR_MAX + 16];
+    char summary_path[4 * CONFIG_STR_MAX + 16];
     char tb_dir[4 * CONFIG_STR_MAX];
     int metrics_fd;         /* -1 when closed */
     off_t metrics_size;     /* bytes of whole lines written */
@@ -28,7 +29,14 @@ struct report {
     tfevents_t *tb;
     double *seconds; /* per logged step */
     int64_t num_logged, cap;
+    double last_loss;
     bool warned_peak; /* an MFU over 100% has been pointed out */
+    double probe_before, probe_after; /* report_set_machine_probes; 0 = not probed */
+    /* What report_summary printed, for summary.json at report_close. */
+    bool summarised, memory_measured;
+    double median, fastest, slowest;
+    int64_t peak_rss_bytes;
+    uint64_t physical_bytes;
 };
 
 static int dirname_of(const char *path, char *out, size_t n) {
@@ -89,6 +97,18 @@ void report_discard(report_t *r) {
     free(r);
 }
 
+/* Beside the metrics file: summary.json in the run's folder, or <metrics_file>'s name with
+ * ".summary.json" in place of its extension where metrics_file names the file. */
+static void summary_path_of(const report_t *r, char *out, size_t n) {
+    if (!r->cfg->metrics_file[0]) {
+        snprintf(out, n, "%s/%s/summary.json", r->cfg->base_output_directory, r->cfg->run_name);
+        return;
+    }
+    const char *slash = strrchr(r->metrics_path, '/'), *dot = strrchr(r->metrics_path, '.');
+    int stem = dot && (!slash || dot > slash + 1) ? (int)(dot - r->metrics_path) : (int)strlen(r->metrics_path);
+    snprintf(out, n, "%.*s.summary.json", stem, r->metrics_path);
+}
+
 int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double peak_tflops,
                 char *err, size_t errlen) {
     report_t *r = calloc(1, sizeof *r);
@@ -104,6 +124,7 @@ int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double 
     if (cfg->metrics_file[0]) snprintf(r->metrics_path, sizeof r->metrics_path, "%s", cfg->metrics_file);
     else snprintf(r->metrics_path, sizeof r->metrics_path, "%s/%s/metrics.jsonl", cfg->base_output_directory, cfg->run_name);
     snprintf(r->partial_path, sizeof r->partial_path, "%s.partial", r->metrics_path);
+    summary_path_of(r, r->summary_path, sizeof r->summary_path);
     r->metrics_fd = -1;
     if (!r->seconds) {
         snprintf(err, errlen, "out of memory for %lld steps of metrics; lower steps", (long long)cfg->steps);
@@ -248,7 +269,13 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
         }
     }
     if (r->num_logged < r->cap) r->seconds[r->num_logged++] = rec->seconds;
+    r->last_loss = rec->loss;
     return 0;
+}
+
+void report_set_machine_probes(report_t *r, double before, double after) {
+    r->probe_before = before;
+    r->probe_after = after;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -256,37 +283,102 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-void report_summary(const report_t *r, FILE *out) {
+/* The machine line: beyond a tenth either way, the cores' pace moved during the run. On a shared
+ * VM the probe has read anywhere from 0.36 to 0.58 TFLOP/s within an hour, and whole steps moved
+ * with it (docs/performance_log.md, runs BR and BS). */
+enum { PROBE_DRIFT_PERCENT = 10 };
+static bool probe_moved(const report_t *r) {
+    return fabs(r->probe_after / r->probe_before - 1.0) * 100.0 > PROBE_DRIFT_PERCENT;
+}
+
+void report_summary(report_t *r, FILE *out) {
     int64_t n = r->num_logged - 1; /* step 0 pays one-time costs: left out */
     if (n < 1) {
         fprintf(out, "summary: only %lld step(s) logged; run steps >= 2 for a summary without step 0\n", (long long)r->num_logged);
         return;
     }
     double *s = malloc((size_t)n * sizeof(double));
+    if (!s) {
+        fprintf(out, "summary: out of memory\n");
+        return;
+    }
     memcpy(s, r->seconds + 1, (size_t)n * sizeof(double));
     qsort(s, (size_t)n, sizeof(double), cmp_double);
-    double median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-    double tflops_s = r->plan.tflops_per_device / median;
+    r->median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    r->fastest = s[0], r->slowest = s[n - 1];
+    r->summarised = true;
+    free(s);
+    double median = r->median, tflops_s = r->plan.tflops_per_device / median;
     fprintf(out, "summary over steps 1..%lld (%lld steps; step 0 left out):\n", (long long)n, (long long)n);
-    fprintf(out, "  step time     median %.3f s, min %.3f s, max %.3f s\n", median, s[0], s[n - 1]);
+    fprintf(out, "  step time     median %.3f s, min %.3f s, max %.3f s\n", median, r->fastest, r->slowest);
     fprintf(out, "  tokens/s/device %.1f (at the median)\n", (double)r->plan.tokens_per_device / median);
     fprintf(out, "  TFLOP/s/device  %.4f (%.4f TFLOP per step, MaxText's count)\n", tflops_s, r->plan.tflops_per_device);
     if (r->peak_tflops > 0)
         fprintf(out, "  MFU             %.2f%% of %.4f TFLOP/s\n", 100.0 * tflops_s / r->peak_tflops, r->peak_tflops);
-    free(s);
     /* Read now, so the peak covers the whole run so far, steps and set-up alike. */
     memstat_t mem;
-    if (!memstat_read(&mem)) {
+    r->memory_measured = memstat_read(&mem);
+    if (!r->memory_measured) {
         fprintf(out, "  memory          not measured: /proc/self/status could not be read\n");
-        return;
+    } else {
+        r->peak_rss_bytes = mem.peak_rss_bytes;
+        fprintf(out, "  memory          peak RSS %.3f GiB%s, %.3fx the plan's %.3f GiB", (double)mem.peak_rss_bytes / GIB,
+                r->plan.num_ranks > 1 ? " (rank 0)" : "", (double)mem.peak_rss_bytes / (double)r->plan.total_bytes,
+                (double)r->plan.total_bytes / GIB);
+        r->physical_bytes = memstat_physical_bytes();
+        if (r->physical_bytes)
+            fprintf(out, ", %.1f%% of %.1f GiB physical", 100.0 * (double)mem.peak_rss_bytes / (double)r->physical_bytes,
+                    (double)r->physical_bytes / GIB);
+        fputc('\n', out);
     }
-    fprintf(out, "  memory          peak RSS %.3f GiB%s, %.3fx the plan's %.3f GiB", (double)mem.peak_rss_bytes / GIB,
-            r->plan.num_ranks > 1 ? " (rank 0)" : "", (double)mem.peak_rss_bytes / (double)r->plan.total_bytes,
-            (double)r->plan.total_bytes / GIB);
-    uint64_t phys = memstat_physical_bytes();
-    if (phys) fprintf(out, ", %.1f%% of %.1f GiB physical", 100.0 * (double)mem.peak_rss_bytes / (double)phys, (double)phys / GIB);
-    fputc('\n', out);
+    if (r->probe_before > 0 && r->probe_after > 0)
+        fprintf(out, "  machine         probe %.4f TFLOP/s after the steps, %.3fx the start-up probe's %.4f%s\n",
+                r->probe_after, r->probe_after / r->probe_before, r->probe_before,
+                probe_moved(r) ? ": the cores' pace moved during the run, so compare its step times with another run's with care"
+                               : "");
 }
+
+/* summary.json: the summary's figures, unrounded, for scripts that compare runs. */
+static int write_summary_json(FILE *f, void *ctx, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    const report_t *r = ctx;
+    const config_t *c = r->cfg;
+    const double tflops_s = r->plan.tflops_per_device / r->median;
+    char num[32];
+    fputs("{\n  \"run_name\": ", f);
+    json_write_string(f, c->run_name);
+    fputs(",\n  \"model_name\": ", f);
+    json_write_string(f, c->model_name);
+    fprintf(f, ",\n  \"dtype\": \"%s\",\n  \"per_device_batch_size\": %lld,\n  \"max_target_length\": %lld,\n"
+               "  \"num_threads\": %d,\n  \"num_ranks\": %d,\n",
+            dtype_name(c->dtype), (long long)r->plan.dims.B, (long long)r->plan.dims.S, r->plan.num_threads,
+            r->plan.num_ranks);
+    fprintf(f, "  \"steps_logged\": %lld,\n  \"summary_first_step\": 1,\n  \"summary_last_step\": %lld,\n",
+            (long long)r->num_logged, (long long)r->num_logged - 1);
+    fprintf(f, "  \"perf/step_time_seconds_median\": %.9g,\n  \"perf/step_time_seconds_min\": %.9g,\n"
+               "  \"perf/step_time_seconds_max\": %.9g,\n",
+            r->median, r->fastest, r->slowest);
+    fprintf(f, "  \"perf/per_device_tokens_per_sec\": %.9g,\n  \"perf/per_device_tflops\": %.9g,\n"
+               "  \"perf/per_device_tflops_per_sec\": %.9g,\n",
+            (double)r->plan.tokens_per_device / r->median, r->plan.tflops_per_device, tflops_s);
+    if (r->peak_tflops > 0)
+        fprintf(f, "  \"perf/mfu\": %.9g,\n  \"perf/peak_tflops\": %.9g,\n  \"perf/peak_source\": \"%s\",\n",
+                tflops_s / r->peak_tflops, r->peak_tflops, c->device_peak_tflops > 0 ? "device_peak_tflops" : "probe");
+    if (r->probe_before > 0 && r->probe_after > 0)
+        fprintf(f, "  \"machine/probe_before_tflops\": %.9g,\n  \"machine/probe_after_tflops\": %.9g,\n"
+                   "  \"machine/probe_ratio\": %.9g,\n  \"machine/probe_moved\": %s,\n",
+                r->probe_before, r->probe_after, r->probe_after / r->probe_before, probe_moved(r) ? "true" : "false");
+    if (r->memory_measured) {
+        fprintf(f, "  \"memory/peak_rss_gib\": %.9g,\n  \"memory/plan_gib\": %.9g,\n  \"memory/peak_rss_to_plan\": %.9g,\n",
+                (double)r->peak_rss_bytes / GIB, (double)r->plan.total_bytes / GIB,
+                (double)r->peak_rss_bytes / (double)r->plan.total_bytes);
+        if (r->physical_bytes) fprintf(f, "  \"memory/physical_gib\": %.9g,\n", (double)r->physical_bytes / GIB);
+    }
+    fprintf(f, "  \"learning/final_loss\": %s\n}\n", json_number(num, sizeof num, r->last_loss));
+    return 0;
+}
+
+const char *report_summary_path(const report_t *r) { return r->summarised ? r->summary_path : NULL; }
 
 int report_close(report_t *r, char *err, size_t errlen) {
     int rc = 0;
@@ -303,6 +395,18 @@ int report_close(report_t *r, char *err, size_t errlen) {
             unlink(r->partial_path);
             rc = 1;
         }
+    }
+    /* Written with the metrics it summarises, or removed: an older run's under this run's name
+     * would pass for this one's. */
+    if (rc == 0 && r->summarised) {
+        char werr[512];
+        if (atomic_write_with(r->summary_path, write_summary_json, r, werr, sizeof werr) != 0) {
+            snprintf(err, errlen, "%s", werr);
+            rc = 1;
+        }
+    } else if (unlink(r->summary_path) != 0 && errno != ENOENT && !rc) {
+        snprintf(err, errlen, "could not remove the stale %s: %s", r->summary_path, strerror(errno));
+        rc = 1;
     }
     free(r->seconds);
     free(r);

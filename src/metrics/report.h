@@ -1,5 +1,5 @@
 /* report: what a run tells its user, step by step and at the end: MaxText's console line,
- * metrics.jsonl (MaxText's tags as keys) and TensorBoard scalars, all written by the host
+ * metrics.jsonl (MaxText's tags as keys), TensorBoard scalars and summary.json, all written by the host
  * thread, never by the compute thread. Only measured numbers are reported. */
 #ifndef STEPSCOPE_REPORT_H
 #define STEPSCOPE_REPORT_H
@@ -30,10 +30,15 @@ int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double 
                 char *err, size_t errlen);
 /* Console line, JSON line and scalars for one completed step. */
 int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen);
-/* Median, min and max step time (step 0 left out), tokens/s/device, TFLOP/s/device, MFU, and
- * the peak resident memory against the plan and the machine. */
-void report_summary(const report_t *r, FILE *out);
-/* Finish the files (rename the metrics file into place). Frees r. */
+/* The cores' probe before set-up and after the last step (machine_probe), for the summary's
+ * machine line: whether the machine's pace held through the run. */
+void report_set_machine_probes(report_t *r, double before, double after);
+/* Median, min and max step time (step 0 left out), tokens/s/device, TFLOP/s/device, MFU, the
+ * peak resident memory against the plan and the machine, and the machine line where probes
+ * were set. Kept for summary.json. */
+void report_summary(report_t *r, FILE *out);
+/* Finish the files: rename the metrics file into place and write summary.json (the summary's
+ * figures, unrounded) beside it, or remove a stale one where there was no summary. Frees r. */
 int report_close(report_t *r, char *err, size_t errlen);
 /* Remove everything report_open created (files and the folders it made): for a run that
  * ends before its first step. Frees r. NULL is fine. */
@@ -44,5 +49,7 @@ void report_salvage_on_signal(const report_t *r);
 /* Paths written, for the closing lines. */
 const char *report_metrics_path(const report_t *r);
 const char *report_tensorboard_dir(const report_t *r);
+/* Where report_close writes summary.json; NULL where report_summary had no steps to summarise. */
+const char *report_summary_path(const report_t *r);
 
 #endif

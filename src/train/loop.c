@@ -214,20 +214,6 @@ static double resolve_peak(const config_t *cfg, int threads, double *probe_befor
     return p;
 }
 
-/* The start-up probe measured the cores before the steps; probed again after them, the two say
- * whether the machine's pace held through the run, and so whether its step times compare with
- * another run's: on a shared VM the probe has read anywhere from 0.36 to 0.58 TFLOP/s within an
- * hour, and whole steps moved with it (docs/performance_log.md, runs BR and BS). Beyond a tenth
- * either way, say so. */
-enum { PROBE_DRIFT_PERCENT = 10 };
-static void print_probe_after(const config_t *cfg, int threads, double before) {
-    double after = probe_cores(cfg, threads), ratio = after / before;
-    bool moved = fabs(ratio - 1.0) * 100.0 > PROBE_DRIFT_PERCENT;
-    printf("  machine         probe %.4f TFLOP/s after the steps, %.3fx the start-up probe's %.4f%s\n", after, ratio,
-           before, moved ? ": the cores' pace moved during the run, so compare its step times with another run's with care"
-                         : "");
-}
-
 static int open_data(loop_t *l, char *err, size_t errlen) {
     const config_t *cfg = l->cfg;
     data_options_t opt = {.dataset_type = cfg->dataset_type, .dataset_path = cfg->dataset_path,
@@ -282,6 +268,7 @@ static void print_comm(const loop_t *l) {
 
 static void print_files(const report_t *r, const profile_files_t *pf, const config_t *cfg) {
     printf("files written:\n  %s\n", report_metrics_path(r));
+    if (report_summary_path(r)) printf("  %s\n", report_summary_path(r));
     if (report_tensorboard_dir(r)) printf("  %s/ (TensorBoard scalars)\n", report_tensorboard_dir(r));
     if (pf->written) {
         printf("  %s\n  %s\n  %s\n", pf->xplane, pf->trace, pf->summary);
@@ -456,9 +443,11 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         snprintf(err, errlen, "the profile could not be written: %s; the metrics are complete", profile_err);
         rc = LOOP_FAILED;
     }
-    if (report) report_summary(report, stdout);
+    /* Probed again after the steps, the cores say whether their pace held through the run, and
+     * so whether its step times compare with another run's. */
     if (report && probe_before > 0 && rc == LOOP_OK && l.completed >= 1)
-        print_probe_after(cfg, plan->num_threads, probe_before);
+        report_set_machine_probes(report, probe_before, probe_cores(cfg, plan->num_threads));
+    if (report) report_summary(report, stdout);
     if (writer) print_comm(&l);
     if (writer && l.trace && pf.written) {
         summary_t s;

@@ -374,6 +374,34 @@ def test_tiny_run_outputs(tmp_path):
     assert losses[0] == pytest.approx(math.log(256), abs=0.1)   # near-uniform at init
     assert losses[4] < losses[0] - 0.2, losses                 # learning_rate=1e-2 learns
 
+    # summary.json: the summary's figures unrounded, consistent with the console block and with
+    # metrics.jsonl's steps 1..4, listed under "files written:"
+    summ = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    assert f"  {run_dir(tmp_path) / 'summary.json'}" in out
+    later = sorted(rec["perf/step_time_seconds"] for rec in recs[1:])
+    median = (later[1] + later[2]) / 2
+    # metrics.jsonl keeps step times to 6 decimals, summary.json to 9 significant digits
+    assert summ["perf/step_time_seconds_median"] == pytest.approx(median, abs=1.1e-6)
+    assert summ["perf/step_time_seconds_min"] == pytest.approx(later[0], abs=6e-7)
+    assert summ["perf/step_time_seconds_max"] == pytest.approx(later[-1], abs=6e-7)
+    t = summ["perf/step_time_seconds_median"]
+    assert block[0].startswith(f"  step time     median {t:.3f} s, min {summ['perf/step_time_seconds_min']:.3f} s")
+    assert summ["perf/per_device_tokens_per_sec"] == pytest.approx(512 / t, rel=1e-8)
+    assert summ["perf/per_device_tflops"] == pytest.approx(tflops, rel=1e-8)
+    assert summ["perf/per_device_tflops_per_sec"] == pytest.approx(tflops / t, rel=1e-8)
+    assert summ["perf/mfu"] == pytest.approx(tflops / t / PEAK, rel=1e-8)
+    assert block[3] == f"  MFU             {100 * summ['perf/mfu']:.2f}% of {PEAK:.4f} TFLOP/s"
+    assert summ["perf/peak_tflops"] == PEAK and summ["perf/peak_source"] == "device_peak_tflops"
+    assert summ["memory/plan_gib"] == pytest.approx(plan_gib, abs=5e-4)
+    assert f"{summ['memory/peak_rss_gib']:.3f}" == f"{peak_gib:.3f}"
+    assert summ["memory/peak_rss_to_plan"] == pytest.approx(summ["memory/peak_rss_gib"] / summ["memory/plan_gib"], rel=1e-7)
+    assert summ["learning/final_loss"] == recs[-1]["learning/loss"]
+    assert (summ["run_name"], summ["model_name"], summ["dtype"]) == (RUN, "tiny", "float32")
+    assert (summ["per_device_batch_size"], summ["max_target_length"], summ["num_ranks"]) == (2, 256, 1)
+    assert (summ["steps_logged"], summ["summary_first_step"], summ["summary_last_step"]) == (5, 1, 4)
+    assert not any(k.startswith("machine/") for k in summ)  # FAST: machine_probe=false
+    assert list(run_dir(tmp_path).glob("*.tmp.*")) == []
+
     # no profile with profiler=""
     assert not (run_dir(tmp_path) / "tensorboard" / "plugins").exists()
 
@@ -443,7 +471,15 @@ def test_probe_after_the_steps(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     mfu = re.search(r"^  MFU             \d+\.\d+% of (\d+\.\d+) TFLOP/s$", r.stdout, re.M)
     assert mfu, r.stdout
-    assert _machine_line(r.stdout)[2] == float(mfu.group(1))
+    after, _, before = _machine_line(r.stdout)
+    assert before == float(mfu.group(1))
+    summ = json.loads(run_dir(tmp_path, "probed").joinpath("summary.json").read_text())
+    assert summ["perf/peak_source"] == "probe" and summ["machine/probe_before_tflops"] == summ["perf/peak_tflops"]
+    assert (f"{summ['machine/probe_before_tflops']:.4f}", f"{summ['machine/probe_after_tflops']:.4f}") == \
+        (f"{before:.4f}", f"{after:.4f}")
+    ratio = summ["machine/probe_after_tflops"] / summ["machine/probe_before_tflops"]
+    assert summ["machine/probe_ratio"] == pytest.approx(ratio, rel=1e-8)
+    assert summ["machine/probe_moved"] == (abs(ratio - 1) > 0.10)
     # a peak given in device_peak_tflops stays the MFU peak; the first probe is its own, named
     r = stepscope(tmp_path, *common, f"device_peak_tflops={PEAK}", "run_name=fixed")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -458,6 +494,23 @@ def test_probe_after_the_steps(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         assert "  machine " not in r.stdout and "(machine_probe)" not in r.stdout, r.stdout
     assert "set device_peak_tflops to fix it" in r.stdout  # the peak was still probed
+
+
+def test_summary_json_follows_its_run(tmp_path):
+    # A run with no summary (one step) removes an earlier run's summary.json under its name, which
+    # would otherwise pass for its own; with metrics_file it sits beside the named file.
+    train(tmp_path, "steps=2")
+    assert (run_dir(tmp_path) / "summary.json").exists()
+    r = train(tmp_path, "steps=1")
+    assert "run steps >= 2 for a summary" in r.stdout
+    assert not (run_dir(tmp_path) / "summary.json").exists()
+    assert "summary.json" not in r.stdout
+    m = tmp_path / "m" / "x.jsonl"
+    r = train(tmp_path, "steps=3", f"metrics_file={m}", "enable_tensorboard=false", run_name="named")
+    summ = json.loads((tmp_path / "m" / "x.summary.json").read_text())
+    assert summ["run_name"] == "named" and summ["steps_logged"] == 3
+    assert f"  {tmp_path / 'm' / 'x.summary.json'}" in r.stdout.splitlines()
+    assert sorted(x.name for x in (tmp_path / "m").iterdir()) == ["x.jsonl", "x.summary.json"]
 
 
 # ---- 3. refusals ------------------------------------------------------------------------------

@@ -116,6 +116,10 @@ def test_ranks_reproduce_one_process(tmp_path, ranks, per_rank, mesh):
     m = metrics(tmp_path, "many")[0]
     assert m["perf/per_device_tokens"] == per_rank * S
     assert m["learning/total_weights"] == ranks * per_rank * S
+    # rank 0's summary.json: the ranks, and the same final loss as the one process
+    summ = json.loads((tmp_path / "out" / "many" / "summary.json").read_text())
+    assert (summ["num_ranks"], summ["per_device_batch_size"]) == (ranks, per_rank)
+    assert summ["learning/final_loss"] == metrics(tmp_path, "many")[-1]["learning/loss"]
 
 
 def test_bf16_ranks_reproduce_one_process(tmp_path):
