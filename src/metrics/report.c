@@ -66,11 +66,15 @@ static void note_missing(const char *dir, char *top, char *leaf) {
     if (top[0]) snprintf(leaf, sizeof p, "%s", dir);
 }
 
-/* rmdir leaf and its parents up to and including top; stops at the first that is not empty. */
+/* rmdir leaf and its parents up to and including top; stops at the first that is not empty.
+ * Async-signal-safe (string calls POSIX.1-2016 lists, no snprintf): a second signal during
+ * set-up, with the files open and no step logged, removes the folders too. */
 static void remove_created(const char *top, const char *leaf) {
     if (!top[0]) return;
     char p[4 * CONFIG_STR_MAX];
-    snprintf(p, sizeof p, "%s", leaf);
+    size_t n = strnlen(leaf, sizeof p - 1);
+    memcpy(p, leaf, n);
+    p[n] = '\0';
     size_t top_len = strlen(top);
     while (strlen(p) >= top_len && rmdir(p) == 0) {
         char *slash = strrchr(p, '/');
@@ -413,14 +417,17 @@ int report_close(report_t *r, char *err, size_t errlen) {
     return rc;
 }
 
-void report_salvage_on_signal(const report_t *r) {
-    if (!r) return;
+bool report_salvage_on_signal(const report_t *r) {
+    if (!r) return false;
     if (r->num_logged > 0) {
         rename(r->partial_path, r->metrics_path);
-        return;
+        return true;
     }
     unlink(r->partial_path);
     if (r->tb) unlink(tfevents_path(r->tb));
+    remove_created(r->created_top[1], r->created_leaf[1]);
+    remove_created(r->created_top[0], r->created_leaf[0]);
+    return false;
 }
 
 const char *report_metrics_path(const report_t *r) { return r->metrics_path; }

@@ -44,8 +44,9 @@ int report_close(report_t *r, char *err, size_t errlen);
  * ends before its first step. Frees r. NULL is fine. */
 void report_discard(report_t *r);
 /* For a signal handler about to _exit: put the metrics of the steps logged so far in place
- * (a rename), or remove the files when no step was logged (unlinks). Async-signal-safe. */
-void report_salvage_on_signal(const report_t *r);
+ * (a rename), or remove the files and the folders report_open made when no step was logged.
+ * Async-signal-safe. true where steps' metrics were kept. */
+bool report_salvage_on_signal(const report_t *r);
 /* Paths written, for the closing lines. */
 const char *report_metrics_path(const report_t *r);
 const char *report_tensorboard_dir(const report_t *r);

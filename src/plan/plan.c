@@ -115,12 +115,31 @@ int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t er
     uint64_t avail = plan_memory_available(p, cfg);
     if (p->total_bytes <= avail) return 0;
     const double gib = 1073741824.0;
-    snprintf(err, errlen,
-             "the memory plan needs %.2f GiB per device (activations %.2f GiB) but %.2f GiB is available%s; "
-             "lower per_device_batch_size or max_target_length%s, or use more ranks",
-             (double)p->total_bytes / gib, (double)p->activations_bytes / gib, (double)avail / gib,
-             p->ranks_per_host > 1 && cfg->memory_limit_gib <= 0 ? " (this host's share per rank)" : "",
-             p->remat == QWEN3_REMAT_FULL ? "" : ", or set remat_policy=full");
+    const char *share = p->ranks_per_host > 1 && cfg->memory_limit_gib <= 0 ? " (this host's share per rank)" : "";
+    /* What no batch size, sequence length or remat policy changes: the hint must name a fix that
+     * can work (qwen3-8b here needs 126 GiB, of which 3 GiB are activations). ZeRO-1 shards only
+     * the AdamW state, so every rank keeps the whole parameters and gradients. */
+    uint64_t whole = p->params_bytes + p->params_bf16_bytes + (uint64_t)p->num_params * sizeof(float);
+    uint64_t state = p->params_bytes + p->params_bf16_bytes + p->grads_bytes + p->optimizer_bytes;
+    if (whole > avail)
+        snprintf(err, errlen,
+                 "the memory plan needs %.2f GiB per device but %.2f GiB is available%s, and the parameters and "
+                 "gradients alone take %.2f GiB on every rank, whatever the batch or the number of ranks (ranks shard "
+                 "only the AdamW state); use a smaller model_name, or a machine with more memory",
+                 (double)p->total_bytes / gib, (double)avail / gib, share, (double)whole / gib);
+    else if (state > avail)
+        snprintf(err, errlen,
+                 "the memory plan needs %.2f GiB per device but %.2f GiB is available%s, and the parameters, gradients "
+                 "and AdamW state alone take %.2f GiB whatever the batch; use more ranks (ici_fsdp_parallelism shards "
+                 "the AdamW state's %.2f GiB across them) or a smaller model_name",
+                 (double)p->total_bytes / gib, (double)avail / gib, share, (double)state / gib,
+                 (double)p->optimizer_bytes / gib);
+    else
+        snprintf(err, errlen,
+                 "the memory plan needs %.2f GiB per device (activations %.2f GiB) but %.2f GiB is available%s; "
+                 "lower per_device_batch_size or max_target_length%s, or use more ranks",
+                 (double)p->total_bytes / gib, (double)p->activations_bytes / gib, (double)avail / gib, share,
+                 p->remat == QWEN3_REMAT_FULL ? "" : ", or set remat_policy=full");
     return CONFIG_EXIT_CODE;
 }
 

@@ -38,9 +38,10 @@ static void on_signal(int sig) {
     }
     /* A second signal: leave at once, with what is on disk whole (async-signal-safe calls only). */
     atomic_file_abandon();
-    report_salvage_on_signal(g_report);
-    static const char msg[] = "stepscope: second signal: stopped at once; the metrics of the completed steps are kept\n";
-    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    static const char kept[] = "stepscope: second signal: stopped at once; the metrics of the completed steps are kept\n";
+    static const char none[] = "stepscope: second signal: stopped at once, before the first step; nothing was written\n";
+    bool logged = report_salvage_on_signal(g_report);
+    ssize_t w = logged ? write(STDERR_FILENO, kept, sizeof kept - 1) : write(STDERR_FILENO, none, sizeof none - 1);
     (void)w;
     _exit(128 + sig);
 }
@@ -335,6 +336,16 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         if (multi) print_ranks(&l);
         peak = resolve_peak(cfg, plan->num_threads, &probe_before);
     }
+    /* The data source and the output files are opened before set-up, which touches every planned
+     * buffer (4-14 s for qwen3-0.6b here, minutes for the larger presets): a wrong dataset_path
+     * or an unwritable base_output_directory is said at once, on every rank. */
+    if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0)))
+        rc = LOOP_FAILED;
+    g_report = report;
+    if ((rc = comm_agree(world, rc, err)) != LOOP_OK) {
+        err[0] = '\0';
+        goto done;
+    }
     train_parallel_t par = {.world = world, .shard = l.shard, .replica = l.replica, .comm_lane = LANE_COMM,
                             .compute_lane = LANE_COMPUTE};
     if (rc == LOOP_OK && train_state_create(&l.state, cfg, plan, l.trace, &par, err, errlen) != 0) rc = LOOP_FAILED;
@@ -359,14 +370,11 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
                cfg->load_parameters_path[0] ? "loaded" : "initialised", st->setup_params_s);
     }
     if (rc == LOOP_OK) rc = interrupted_in_setup(err, errlen);
-    if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0)))
-        rc = LOOP_FAILED;
     /* Every rank is ready, or none starts. */
     if ((rc = comm_agree(world, rc, err)) != LOOP_OK) {
         err[0] = '\0';
         goto done;
     }
-    g_report = report;
 
     /* Set-up ran on this thread's OpenMP team; the steps run on the compute thread's own team.
      * libgomp keeps a team per thread, and this one's idle workers wait by spinning: under
@@ -461,7 +469,7 @@ done:
     g_report = NULL;
     if (report && l.completed < 0) {
         report_discard(report); /* no step measured: leave no files */
-        if (g_signal) rc = interrupted_in_setup(err, errlen);
+        if (g_signal && rc == LOOP_OK) rc = interrupted_in_setup(err, errlen); /* not said yet */
     } else if (report) {
         char cerr[512];
         print_files(report, &pf, cfg);

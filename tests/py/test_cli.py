@@ -584,27 +584,48 @@ def test_refuses_unknown_option(tmp_path):
 
 
 def test_refuses_memory_plan_over_budget(tmp_path):
-    # a budget smaller than the tiny plan: refused before anything is written
-    r = stepscope(tmp_path, *FAST, "memory_limit_gib=0.001")
+    # a budget smaller than the tiny plan: refused before anything is written, with a fix that
+    # can work for what is over: the batch's activations, the AdamW state (more ranks shard it),
+    # or the parameters and gradients (every rank keeps them whole: only a smaller model)
+    r = stepscope(tmp_path, "model_name=tiny", "memory_limit_gib=4096", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    plan = {k: int(v) for k, v in parse_plan(r.stdout).items() if k.startswith("memory_") and k.endswith("_bytes")}
+    whole = plan["memory_parameters_bytes"] + plan["memory_bf16_weights_bytes"] + plan["memory_gradients_bytes"]
+    state = whole + plan["memory_optimizer_state_bytes"]
+    total = plan["memory_total_bytes"]
+    assert whole < state < total
+    gib = lambda b: f"memory_limit_gib={b / 2**30:.9f}"
+    # over by the batch's part: smaller batches, shorter sequences or remat can fit it
+    between = gib((state + total) // 2)
+    r = stepscope(tmp_path, *FAST, between)
     assert_refused(r, tmp_path, "memory plan", "per_device_batch_size", "remat_policy=full")
     # a dry run prints the plan, then refuses the same way
-    r = stepscope(tmp_path, "model_name=tiny", "memory_limit_gib=0.001", "--dry-run")
+    r = stepscope(tmp_path, "model_name=tiny", between, "--dry-run")
     assert_refused(r, tmp_path, "memory plan", "per_device_batch_size", "remat_policy=full")
-    plan = parse_plan(r.stdout)
-    assert int(plan["memory_total_bytes"]) > int(plan["memory_available_bytes"]) == int(0.001 * 2**30)
+    plan_again = parse_plan(r.stdout)
+    assert int(plan_again["memory_total_bytes"]) > int(plan_again["memory_available_bytes"])
     # with remat already full it does not suggest remat
-    r = stepscope(tmp_path, "model_name=tiny", "memory_limit_gib=0.001", "remat_policy=full", "--dry-run")
+    r = stepscope(tmp_path, "model_name=tiny", between, "remat_policy=full", "--dry-run")
     assert_refused(r, tmp_path, "memory plan", "per_device_batch_size")
     assert "remat_policy" not in r.stderr
+    # over by the AdamW state: no batch fits, more ranks do
+    r = stepscope(tmp_path, *FAST, gib((whole + state) // 2))
+    assert_refused(r, tmp_path, "memory plan", "AdamW state alone", "whatever the batch", "ici_fsdp_parallelism")
+    assert "per_device_batch_size" not in r.stderr
+    # over by the parameters and gradients: neither a batch nor ranks fit it
+    r = stepscope(tmp_path, *FAST, gib(whole // 2))
+    assert_refused(r, tmp_path, "memory plan", "gradients alone", "smaller model_name")
+    assert "per_device_batch_size" not in r.stderr and "ici_fsdp_parallelism" not in r.stderr
 
 
 def test_refuses_qwen3_32b_on_this_machine(tmp_path):
-    # 32B parameters in fp32 with Adam are > 500 GiB: over any test machine's memory
+    # 32B parameters and their gradients in fp32 are 244 GiB: over any test machine's memory,
+    # whatever the batch or the ranks
     r = stepscope(tmp_path, "model_name=qwen3-32b", "--dry-run")
     plan = parse_plan(r.stdout)
     if r.returncode == 0 and int(plan["memory_total_bytes"]) <= int(plan["memory_available_bytes"]):
         pytest.skip("this machine has the memory for qwen3-32b")
-    assert_refused(r, tmp_path, "memory plan", "per_device_batch_size", "remat_policy")
+    assert_refused(r, tmp_path, "memory plan", "gradients alone", "smaller model_name")
     assert "memory_total_bytes:" in r.stdout
 
 
@@ -636,6 +657,7 @@ def test_token_file_id_out_of_vocab(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "vocab_size 256" in r.stderr and "id 256" in r.stderr and "index 1234" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+    assert "set-up:" not in r.stdout   # said before set-up touches the plan's buffers
 
 
 def test_token_file_too_short(tmp_path):
@@ -650,6 +672,7 @@ def test_token_file_too_short(tmp_path):
     assert r.returncode == 1 and "not a multiple of 4" in r.stderr, r.stderr
     r = stepscope(tmp_path, *FAST, "dataset_type=tokens", f"dataset_path={tmp_path / 'missing.bin'}")
     assert r.returncode == 1 and "missing.bin" in r.stderr, r.stderr
+    assert "set-up:" not in r.stdout   # said before set-up, which takes minutes for a large model
     # dataset_type=tokens without a path is a config error
     r = stepscope(tmp_path, *FAST, "dataset_type=tokens")
     assert r.returncode == 2 and "dataset_path" in r.stderr, r.stderr

@@ -243,6 +243,7 @@ def test_bad_file_on_one_rank_fails_the_job_naming_it(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "stepscope: rank 1: data: cannot open tokens file" in r.stderr
     assert "completed step" not in r.stdout
+    assert "set-up:" not in r.stdout   # every rank stops before set-up
     assert time.monotonic() - t0 < 30
 
 

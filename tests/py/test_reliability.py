@@ -306,7 +306,7 @@ BAD_INPUTS = [
     ("tokens is a folder", lambda d: [str(CONFIG), *FAST, "dataset_type=tokens", f"dataset_path={d}"], 1,
      ["not a regular file"]),
     # memory plans
-    ("plan over memory_limit_gib", _args("memory_limit_gib=0.001"), 2, ["memory plan", "per_device_batch_size"]),
+    ("plan over memory_limit_gib", _args("memory_limit_gib=0.001"), 2, ["memory plan", "smaller model_name"]),
     ("plan over this machine", _args("model_name=qwen3-32b", "per_device_batch_size=64", "max_target_length=32768"), 2,
      ["memory plan", "GiB"]),
     ("plan sizes overflow int64", _args("max_target_length=4611686018427387904"), 2, ["too large to plan"]),
@@ -395,6 +395,7 @@ def test_read_only_output_folder(tmp_path):
         assert "Read-only file system" in line and str(ro / "out") in line, line
         assert list(ro.iterdir()) == []
         assert "completed step" not in r.stdout     # refused before step 0
+        assert "set-up:" not in r.stdout            # and before set-up touches the plan's buffers
 
 
 def test_failure_after_opening_the_metrics_leaves_nothing(tmp_path):
