@@ -70,7 +70,13 @@ def main():
                          "OpenMP threads slow down many-fold when another process holds a core")
     ap.add_argument("--workdir", help="keep logs and metrics here (default: a temporary folder, removed)")
     ap.add_argument("--json", help="write every run's numbers here")
+    ap.add_argument("--markdown-from", metavar="JSON",
+                    help="print the Markdown table of a run written with --json (docs/performance_log.md's "
+                         "form) and exit; a run prints it at the end too")
     a = ap.parse_args()
+    if a.markdown_from:
+        print(markdown_table(json.loads(Path(a.markdown_from).read_text())))
+        return 0
     runs = [r for r in a.runs.split(",") if r]
     unknown = [r for r in runs if r not in RUNS]
     if unknown:
@@ -136,6 +142,7 @@ def main():
                 results.setdefault(key, []).append(res)
 
     report = print_tables(a, configs, runs, results, plans, bf16_peak)
+    print("\n" + markdown_table(report))
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1, default=str))
     if tmp:
@@ -241,6 +248,48 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
           "before and after each, over --peak (fp32): what the cores could do then, whatever the engine. memory GB/s: "
           "the same for build/bench/mem_probe (a triad over 768 MiB on every thread).")
     return report
+
+
+def markdown_table(report):
+    """The run's table as docs/performance_log.md keeps it: per run its rounds, median, tokens/s,
+    MFU, peak RSS and stepscope's speed-up (of the medians, then round by round); stepscope's bf16
+    row gives its speed-up over its own fp32. Built from the report (or a --json file), so the
+    log carries the figures the run printed, not figures copied by hand."""
+    out = []
+    configs = sorted({(r["model"], r["batch"], r["seq"]) for r in report}, key=lambda c: (c[1], c[2]))
+    for model, b, s in configs:
+        rows = [r for r in report if (r["model"], r["batch"], r["seq"]) == (model, b, s)]
+        ours = {r["dtype"]: r for r in rows if RUNS[r["run"]][0] == "stepscope"}
+        if len(configs) > 1:
+            out.append(f"\n{model}, batch {b} x {s} tokens:\n")
+        out.append("| run | dtype | rounds | median | tokens/s | MFU | peak RSS | stepscope speed-up (median; per round) |")
+        out.append("|---|---|---:|---:|---:|---:|---:|---|")
+        for r in rows:
+            engine, _, dtype, label = RUNS[r["run"]]
+            rounds = ", ".join("-" if t is None else f"{t:.3f}" for t in r["step_s_by_round"]) + " s"
+            rss = f"{r['peak_rss_bytes'] / bl.GIB:.2f} GiB"
+            if engine == "stepscope":
+                name, median = f"**{label}**", f"**{r['median_step_s']:.3f} s**"
+                if r["run"] == "stepscope":
+                    rss += f" ({r['peak_rss_bytes'] / r['plan_bytes']:.3f}× the plan)"
+                    speed = "—"
+                else:
+                    fp32 = ours.get("float32")
+                    speed = "—"
+                    if fp32:
+                        ratios = round_ratios(fp32["step_s_by_round"], r["step_s_by_round"])
+                        speed = (f"**{fp32['median_step_s'] / r['median_step_s']:.2f}× its fp32**; "
+                                 + ", ".join(f"{x:.2f}" for x in ratios))
+            else:
+                name, median = label, f"{r['median_step_s']:.3f} s"
+                mine = ours.get(dtype) or ours.get("float32")
+                speed = "—"
+                if mine:
+                    speed = (f"**{r['median_step_s'] / mine['median_step_s']:.2f}×**; "
+                             + ", ".join(f"{x:.2f}" for x in r["speedup_by_round"]))
+            out.append(f"| {name} | {'bf16' if dtype == 'bfloat16' else 'fp32'} | {rounds} | {median} | "
+                       f"{r['tokens_per_s']:.1f} | {100 * r['mfu']:.1f}% | {rss} | {speed} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

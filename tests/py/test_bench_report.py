@@ -45,3 +45,28 @@ def test_report_prints_speedups_round_by_round(capsys):
     assert [round(x, 6) for x in torch_row["speedup_by_round"]] == [2.0, 2.2]
     ours_row = next(r for r in report if r["run"] == "stepscope-bf16")
     assert ours_row["speedup_by_round"] == []
+
+
+def test_markdown_table_carries_the_printed_figures(capsys):
+    # the log's table from the report: rounds, medians and the speed-ups by round, the bf16 row
+    # against stepscope's own fp32, and a failed round shown as "-"
+    key = (1, 1024)
+    results = {
+        (key, "stepscope"): [run_result(9.0), run_result(10.0), run_result(9.5)],
+        (key, "stepscope-bf16"): [run_result(4.5), run_result(5.0), run_result(4.75)],
+        (key, "eager-bf16"): [run_result(9.0), run_result(8.0, rc=1), run_result(9.5)],
+    }
+    plans = {key: {"float32": {"per_device_tflops": "4.0225", "memory_total_bytes": str(11 * GIB)}}}
+    a = types.SimpleNamespace(model="qwen3-0.6b", threads=2, peak=0.446)
+    report = vs_torch.print_tables(a, [key], ["stepscope", "stepscope-bf16", "eager-bf16"], results, plans, 0.892)
+    capsys.readouterr()
+    lines = vs_torch.markdown_table(report).splitlines()
+    assert lines[0].startswith("| run | dtype | rounds | median |") and len(lines) == 5
+    fp32, bf16, torch = lines[2:]
+    # 1024 tokens in 9.5 s: 107.8 tokens/s; 4.0225 TFLOP / 9.5 s / 0.446 = 94.9%; 12/11 of the plan
+    assert fp32 == ("| **stepscope** | fp32 | 9.000, 10.000, 9.500 s | **9.500 s** | 107.8 | 94.9% | "
+                    "12.00 GiB (1.091× the plan) | — |")
+    assert bf16.endswith("| **2.00× its fp32**; 2.00, 2.00, 2.00 |") and "4.500, 5.000, 4.750 s" in bf16
+    # theirs: median of 9.0 and 9.5 over ours 4.75; rounds 0 and 2 only
+    assert torch.startswith("| torch eager autocast | bf16 | 9.000, -, 9.500 s | 9.250 s |")
+    assert torch.endswith("| **1.95×**; 2.00, 2.00 |")
