@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config/config.h"
 #include "dist/comm.h"
@@ -18,6 +19,23 @@
 static int finish(comm_t *world, int rc) {
     comm_finalize(world);
     return rc;
+}
+
+/* More compute threads than cores is allowed (a user may mean it) but never what a timing
+ * wants: threads take turns on a core, and with OpenMP's barriers every step waits for the
+ * slowest. Said once, on stderr, so no such step time goes unexplained. */
+static void warn_oversubscribed(int threads, int ranks_per_host) {
+    int mine = omp_get_num_procs(); /* the cores this process may run on (its affinity) */
+    long host = sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads > mine)
+        fprintf(stderr, "stepscope: num_threads=%d is more than the %d core%s this process may run on: threads will "
+                "share cores, so step times are slower and noisier (num_threads=0 uses every core)\n",
+                threads, mine, mine == 1 ? "" : "s");
+    else if (ranks_per_host > 1 && host > 0 && (long)threads * ranks_per_host > host)
+        fprintf(stderr, "stepscope: %d ranks on this host with %d compute threads each need %ld cores, and it has "
+                "%ld: threads will share cores, so step times are slower and noisier (lower num_threads, or "
+                "bind each rank to its own cores)\n",
+                ranks_per_host, threads, (long)threads * ranks_per_host, host);
 }
 
 int main(int argc, char **argv) {
@@ -79,6 +97,7 @@ int main(int argc, char **argv) {
     }
     rc = plan_check_memory(&plan, &cfg, err, sizeof err);
     if ((rc = comm_agree(world, rc, err)) != 0 || dry_run) return finish(world, rc);
+    if (comm_rank(world) == 0) warn_oversubscribed(threads, plan.ranks_per_host);
     /* Set-up (arena touch, parameter init) runs on this thread's team: same size as the step's. */
     omp_set_num_threads(threads);
     return finish(world, loop_run(&cfg, &plan, world));

@@ -747,6 +747,17 @@ def test_thread_count_does_not_change_results(tmp_path):
     assert_same_bits(tmp_path, "k1", "k2")
 
 
+def test_more_threads_than_cores_is_pointed_out(tmp_path):
+    # allowed, but its step times are not the machine's: one line on stderr says why
+    cores = len(os.sched_getaffinity(0))
+    r = train(tmp_path, "steps=2", f"num_threads={cores + 1}", run_name="over")
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stepscope: "), r.stderr
+    assert f"num_threads={cores + 1} is more than the {cores} core" in lines[0] and "num_threads=0" in lines[0], r.stderr
+    r = train(tmp_path, "steps=2", "num_threads=1", run_name="fits")
+    assert "is more than" not in r.stderr, r.stderr
+
+
 def test_thread_count_does_not_change_results_at_real_width(tmp_path):
     """The tiny model's matmuls are too small for a library to split them by thread count;
     qwen3-0.6b's widths (2 layers, 8192-token vocabulary, 512 tokens) are not. MKL without its
