@@ -1,4 +1,5 @@
-/* memstat: the resident-set figures a run reports beside its plan follow real allocations. */
+/* memstat: the resident-set figures a run reports beside its plan follow real allocations.
+ * cpustat: the other load the summary reports is the machine's CPU time less this process's. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "util/cpustat.h"
 #include "util/memstat.h"
 
 enum { MIB = 1 << 20 };
@@ -43,10 +45,49 @@ static void test_follows_touched_pages(void **state) {
     assert_true(after.peak_rss_bytes >= touched.rss_bytes - slack);
 }
 
+/* Two made-up readings 2 s apart: the cores' busy time grew by 3 s, ours by 1 s, steal by 0.5 s:
+ * others 1 core, steal 0.25. Ours ahead of the machine's (the counters tick at different times)
+ * gives 0, never a negative load; no time between the readings gives 0. */
+static void test_load_between_readings(void **state) {
+    (void)state;
+    double others, steal;
+    cpustat_t a = {.busy_s = 10.0, .steal_s = 1.0, .own_s = 4.0, .wall_s = 100.0};
+    cpustat_t b = {.busy_s = 13.0, .steal_s = 1.5, .own_s = 5.0, .wall_s = 102.0};
+    cpustat_load(&a, &b, &others, &steal);
+    assert_float_equal(others, 1.0, 1e-12);
+    assert_float_equal(steal, 0.25, 1e-12);
+    b.own_s = 8.0;
+    cpustat_load(&a, &b, &others, &steal);
+    assert_float_equal(others, 0.0, 0.0);
+    cpustat_load(&a, &a, &others, &steal);
+    assert_float_equal(others, 0.0, 0.0);
+    assert_float_equal(steal, 0.0, 0.0);
+}
+
+/* Spinning on this thread for 0.3 s: this process's CPU time and the machine's busy time both
+ * grow by about that (jiffies are 10 ms; the machine's counts every core, so at least ours less
+ * two ticks), and the wall clock moves forward. */
+static void test_reads_this_process_cpu_time(void **state) {
+    (void)state;
+    cpustat_t a, b;
+    assert_true(cpustat_read(&a));
+    volatile double x = 0.0;
+    do {
+        for (int i = 0; i < 100000; i++) x += 1e-9;
+        assert_true(cpustat_read(&b));
+    } while (b.wall_s - a.wall_s < 0.3);
+    const double own = b.own_s - a.own_s;
+    assert_true(own >= 0.1 && own <= b.wall_s - a.wall_s + 0.05); /* 0.1: a third, on a busy machine */
+    assert_true(b.busy_s - a.busy_s >= own - 0.05);
+    assert_true(b.steal_s >= a.steal_s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reads_this_process),
         cmocka_unit_test(test_follows_touched_pages),
+        cmocka_unit_test(test_load_between_readings),
+        cmocka_unit_test(test_reads_this_process_cpu_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

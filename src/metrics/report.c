@@ -32,6 +32,8 @@ struct report {
     double last_loss;
     bool warned_peak; /* an MFU over 100% has been pointed out */
     double probe_before, probe_after; /* report_set_machine_probes; 0 = not probed */
+    bool load_measured;               /* report_set_other_load */
+    double others_cores, steal_cores;
     /* What report_summary printed, for summary.json at report_close. */
     bool summarised, memory_measured;
     double median, fastest, slowest;
@@ -282,6 +284,12 @@ void report_set_machine_probes(report_t *r, double before, double after) {
     r->probe_after = after;
 }
 
+void report_set_other_load(report_t *r, double others_cores, double steal_cores) {
+    r->load_measured = true;
+    r->others_cores = others_cores;
+    r->steal_cores = steal_cores;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -294,6 +302,10 @@ enum { PROBE_DRIFT_PERCENT = 10 };
 static bool probe_moved(const report_t *r) {
     return fabs(r->probe_after / r->probe_before - 1.0) * 100.0 > PROBE_DRIFT_PERCENT;
 }
+
+/* Other load over a tenth of a core: bench/vs_torch.py's threshold for a suspect timing. */
+static const double OTHER_LOAD_CORES = 0.1;
+static bool loaded(const report_t *r) { return r->others_cores + r->steal_cores > OTHER_LOAD_CORES; }
 
 void report_summary(report_t *r, FILE *out) {
     int64_t n = r->num_logged - 1; /* step 0 pays one-time costs: left out */
@@ -335,6 +347,12 @@ void report_summary(report_t *r, FILE *out) {
                     (double)r->physical_bytes / GIB);
         fputc('\n', out);
     }
+    if (r->load_measured)
+        fprintf(out, "  other load      %.2f cores used by other processes%s, %.2f taken by the hypervisor (steal), "
+                     "while steps 1..%lld ran%s\n",
+                r->others_cores, r->plan.ranks_per_host > 1 ? " (this host's other ranks among them)" : "",
+                r->steal_cores, (long long)n,
+                loaded(r) ? ": other work held the cores, so these step times are not the machine's alone" : "");
     if (r->probe_before > 0 && r->probe_after > 0)
         fprintf(out, "  machine         probe %.4f TFLOP/s after the steps, %.3fx the start-up probe's %.4f%s\n",
                 r->probe_after, r->probe_after / r->probe_before, r->probe_before,
@@ -372,6 +390,9 @@ static int write_summary_json(FILE *f, void *ctx, char *err, size_t errlen) {
         fprintf(f, "  \"machine/probe_before_tflops\": %.9g,\n  \"machine/probe_after_tflops\": %.9g,\n"
                    "  \"machine/probe_ratio\": %.9g,\n  \"machine/probe_moved\": %s,\n",
                 r->probe_before, r->probe_after, r->probe_after / r->probe_before, probe_moved(r) ? "true" : "false");
+    if (r->load_measured)
+        fprintf(f, "  \"machine/others_cores\": %.9g,\n  \"machine/steal_cores\": %.9g,\n  \"machine/other_load\": %s,\n",
+                r->others_cores, r->steal_cores, loaded(r) ? "true" : "false");
     if (r->memory_measured) {
         fprintf(f, "  \"memory/peak_rss_gib\": %.9g,\n  \"memory/plan_gib\": %.9g,\n  \"memory/peak_rss_to_plan\": %.9g,\n",
                 (double)r->peak_rss_bytes / GIB, (double)r->plan.total_bytes / GIB,

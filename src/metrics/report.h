@@ -33,6 +33,9 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
 /* The cores' probe before set-up and after the last step (machine_probe), for the summary's
  * machine line: whether the machine's pace held through the run. */
 void report_set_machine_probes(report_t *r, double before, double after);
+/* What other processes and the hypervisor took of the cores while the summarised steps ran, in
+ * cores (util/cpustat.h), for the summary's "other load" line. */
+void report_set_other_load(report_t *r, double others_cores, double steal_cores);
 /* Median, min and max step time (step 0 left out), tokens/s/device, TFLOP/s/device, MFU, the
  * peak resident memory against the plan and the machine, and the machine line where probes
  * were set. Kept for summary.json. */

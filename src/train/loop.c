@@ -21,6 +21,7 @@
 #include "train/state.h"
 #include "util/atomic_file.h"
 #include "util/memstat.h"
+#include "util/cpustat.h"
 #include "util/peak.h"
 
 /* The communication lane exists only with several ranks. */
@@ -393,6 +394,10 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         goto done;
     }
     int64_t next = 0;
+    /* The machine's CPU time from just after step 1 starts to the end of the steps, against ours:
+     * the summary's "other load" line. Read by this thread, never the compute thread. */
+    cpustat_t load_before;
+    bool load_from_step1 = false;
     char profile_err[512] = "";
     int profile_failed = 0;
     pthread_mutex_lock(&l.mu);
@@ -410,6 +415,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             step_record_t rec = l.records[next];
             log_event(&l, "read", next);
             pthread_mutex_unlock(&l.mu);
+            if (next == 0) load_from_step1 = cpustat_read(&load_before); /* step 1 has started */
             memstat_t mem;
             rec.memory_measured = memstat_read(&mem);
             rec.rss_bytes = mem.rss_bytes, rec.peak_rss_bytes = mem.peak_rss_bytes;
@@ -434,6 +440,12 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     }
     pthread_mutex_unlock(&l.mu);
     pthread_join(compute, NULL);
+    cpustat_t load_after;
+    if (load_from_step1 && cpustat_read(&load_after) && report && l.completed >= 1) {
+        double others, steal;
+        cpustat_load(&load_before, &load_after, &others, &steal);
+        report_set_other_load(report, others, steal);
+    }
     /* Stopped inside the profiling window (a signal, a diverging run): keep the steps recorded. */
     if (l.trace && !pf.written && !profile_failed && l.completed >= l.profile_first && l.completed < l.profile_last) {
         trace_set_recording(l.trace, false);

@@ -399,7 +399,15 @@ def test_tiny_run_outputs(tmp_path):
     assert (summ["run_name"], summ["model_name"], summ["dtype"]) == (RUN, "tiny", "float32")
     assert (summ["per_device_batch_size"], summ["max_target_length"], summ["num_ranks"]) == (2, 256, 1)
     assert (summ["steps_logged"], summ["summary_first_step"], summ["summary_last_step"]) == (5, 1, 4)
-    assert not any(k.startswith("machine/") for k in summ)  # FAST: machine_probe=false
+    # the other load while steps 1..4 ran: the line after the memory line, its figures in the file
+    load = OTHER_LOAD_RE.match(out[i_sum + 6])
+    assert load and int(load.group(3)) == 4, out[i_sum + 6]
+    others, steal = summ["machine/others_cores"], summ["machine/steal_cores"]
+    assert others >= 0 and steal >= 0
+    assert (f"{others:.2f}", f"{steal:.2f}") == (load.group(1), load.group(2))
+    assert summ["machine/other_load"] == (others + steal > 0.1) == (load.group(4) is not None)
+    # FAST: machine_probe=false, so no probe keys
+    assert not any(k.startswith("machine/probe") for k in summ)
     assert list(run_dir(tmp_path).glob("*.tmp.*")) == []
 
     # no profile with profiler=""
@@ -457,8 +465,13 @@ def _machine_line(stdout):
         assert (m.group(4) is not None) == (abs(after / before - 1) > 0.10), stdout
     lines = stdout.splitlines()
     at = next(i for i, l in enumerate(lines) if l.startswith("  machine "))
-    assert lines[at - 1].startswith("  memory ")
+    assert lines[at - 1].startswith("  other load ") and lines[at - 2].startswith("  memory ")
     return after, ratio, before
+
+
+OTHER_LOAD_RE = re.compile(r"^  other load      (\d+\.\d\d) cores used by other processes, (\d+\.\d\d) taken by the "
+                           r"hypervisor \(steal\), while steps 1\.\.(\d+) ran(: other work held the cores, so these "
+                           r"step times are not the machine's alone)?$", re.M)
 
 
 def test_probe_after_the_steps(tmp_path):
@@ -494,6 +507,25 @@ def test_probe_after_the_steps(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         assert "  machine " not in r.stdout and "(machine_probe)" not in r.stdout, r.stdout
     assert "set device_peak_tflops to fix it" in r.stdout  # the peak was still probed
+
+
+def test_other_load_is_pointed_out(tmp_path):
+    # a process spinning on a core while the steps run (each step waits 30 ms for its batch, so
+    # the spinner has a core to itself): the summary counts it, and says the step times are not
+    # the machine's alone
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        r = train(tmp_path, "steps=30", "data_delay_ms=30", run_name="busy")
+    finally:
+        spinner.kill()
+        spinner.wait()
+    load = OTHER_LOAD_RE.search(r.stdout)
+    assert load, r.stdout
+    # ~1 core over ~0.9 s, counted in 10 ms jiffies; our own threads' time is left out
+    assert float(load.group(1)) >= 0.5 and load.group(4), load.group(0)
+    summ = json.loads((run_dir(tmp_path, "busy") / "summary.json").read_text())
+    assert summ["machine/other_load"] is True and summ["machine/others_cores"] >= 0.5
 
 
 def test_summary_json_follows_its_run(tmp_path):
