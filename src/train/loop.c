@@ -20,8 +20,8 @@
 #include "profile/xplane.h"
 #include "train/state.h"
 #include "util/atomic_file.h"
-#include "util/memstat.h"
 #include "util/cpustat.h"
+#include "util/memstat.h"
 #include "util/peak.h"
 
 /* The communication lane exists only with several ranks. */
