@@ -506,8 +506,28 @@ static int check_supported(loader_t *L) {
 
 #define ORIGIN(name) where(L->origin[find_key(#name)], (char[CONFIG_STR_MAX + 32]){0}, CONFIG_STR_MAX + 32)
 
+/* run_name is a folder under base_output_directory (and under its tensorboard/ folder): a name,
+ * or names joined by '/', none of them empty, "." or "..", so a run never writes outside its
+ * base_output_directory (run_name=.. had put metrics.jsonl in its parent). */
+static bool run_name_stays_inside(const char *name) {
+    if (name[0] == '/') return false;
+    for (const char *part = name; *part;) {
+        const char *end = strchr(part, '/');
+        size_t n = end ? (size_t)(end - part) : strlen(part);
+        if (n == 0 || (n == 1 && part[0] == '.') || (n == 2 && part[0] == '.' && part[1] == '.')) return false;
+        if (!end) break;
+        part = end + 1;
+        if (!*part) return false; /* a trailing '/' */
+    }
+    return true;
+}
+
 static int check_cross(loader_t *L) {
     const config_t *c = L->cfg;
+    if (c->run_name[0] && !run_name_stays_inside(c->run_name))
+        return fail(L, "run_name=%s %s would write outside base_output_directory or to an empty or '.' folder; "
+                       "allowed: a name, or names joined by '/' with no part empty, '.' or '..'",
+                    c->run_name, ORIGIN(run_name));
     if (c->base_num_query_heads % c->base_num_kv_heads != 0)
         return fail(L,
                     "base_num_query_heads=%" PRId64 " %s must be a multiple of base_num_kv_heads=%" PRId64

@@ -566,6 +566,11 @@ def test_refuses_unknown_key(tmp_path):
     ("gemm_library=blis", ["gemm_library=blis", "not allowed", "onednn"]),
     ("num_threads=100000", ["num_threads", "out of range", "[0, 1025)"]),
     ("stepsx", ["malformed override", "key=value"]),
+    # run_name is a folder under base_output_directory: never above it (".." had written there)
+    ("run_name=..", ["run_name=..", "outside base_output_directory"]),
+    ("run_name=a/../b", ["run_name=a/../b", "outside base_output_directory"]),
+    ("run_name=/tmp/x", ["run_name=/tmp/x", "outside base_output_directory"]),
+    ("run_name=a//b", ["run_name=a//b", "no part empty"]),
 ])
 def test_refuses_bad_values(tmp_path, arg, needles):
     r = stepscope(tmp_path, *FAST, arg)
