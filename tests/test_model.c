@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -548,6 +549,39 @@ static void test_init_statistics_and_determinism(void **st) {
     free(a), free(b), free(t);
 }
 
+/* qwen3_save_safetensors writes every tensor under its Hugging Face name, and
+ * qwen3_load_safetensors reads the same bits back (F32 both ways); the file is whole, with no
+ * temporary left beside it. */
+static void test_save_load_round_trip(void **st) {
+    (void)st;
+    char err[512], dir[] = "/tmp/test_model_st.XXXXXX", path[64];
+    config_t cfg;
+    char *ov[] = {"model_name=tiny"};
+    assert_int_equal(config_load(&cfg, NULL, 1, ov, err, sizeof err), 0);
+    qwen3_dims_t d = plan_dims(&cfg);
+    int64_t n = qwen3_num_params(&d);
+    float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
+    qwen3_init_params(a, &d, 11);
+    for (int64_t i = 0; i < n; i++) b[i] = -1.0f;
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(qwen3_save_safetensors(a, &d, path, err, sizeof err), 0);
+    assert_int_equal(qwen3_load_safetensors(b, &d, path, err, sizeof err), 0);
+    assert_memory_equal(a, b, (size_t)n * sizeof(float));
+    /* the file's size: the header, then 4 bytes a parameter and nothing more */
+    safetensors_t f;
+    assert_int_equal(safetensors_open(&f, path, err, sizeof err), 0);
+    size_t data = 0;
+    for (size_t i = 0; i < f.num_tensors; i++) data += f.tensors[i].nbytes;
+    assert_int_equal(data, (size_t)n * sizeof(float));
+    assert_int_equal(f.num_tensors, qwen3_tensor_table(&d, NULL));
+    assert_non_null(safetensors_find(&f, "model.embed_tokens.weight"));
+    safetensors_close(&f);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(rmdir(dir), 0); /* empty: no temporary file was left */
+    free(a), free(b);
+}
+
 /* A tiny model trained on one repeated batch must memorise it. */
 static void test_tiny_model_learns(void **st) {
     (void)st;
@@ -642,6 +676,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_model_learns),
         cmocka_unit_test(test_normal_draws_match_double),
         cmocka_unit_test(test_init_statistics_and_determinism),
+        cmocka_unit_test(test_save_load_round_trip),
         cmocka_unit_test(test_bf16_against_reference),
         cmocka_unit_test(test_grad_sumsq_total),
         cmocka_unit_test(test_bf16_grad_norm_from_products),
