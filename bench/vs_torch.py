@@ -268,14 +268,13 @@ def markdown_table(report):
             engine, _, dtype, label = RUNS[r["run"]]
             rounds = ", ".join("-" if t is None else f"{t:.3f}" for t in r["step_s_by_round"]) + " s"
             rss = f"{r['peak_rss_bytes'] / bl.GIB:.2f} GiB"
+            speed = "—"
             if engine == "stepscope":
                 name, median = f"**{label}**", f"**{r['median_step_s']:.3f} s**"
                 if r["run"] == "stepscope":
                     rss += f" ({r['peak_rss_bytes'] / r['plan_bytes']:.3f}× the plan)"
-                    speed = "—"
                 else:
                     fp32 = ours.get("float32")
-                    speed = "—"
                     if fp32:
                         ratios = round_ratios(fp32["step_s_by_round"], r["step_s_by_round"])
                         speed = (f"**{fp32['median_step_s'] / r['median_step_s']:.2f}× its fp32**; "
@@ -283,7 +282,6 @@ def markdown_table(report):
             else:
                 name, median = label, f"{r['median_step_s']:.3f} s"
                 mine = ours.get(dtype) or ours.get("float32")
-                speed = "—"
                 if mine:
                     speed = (f"**{r['median_step_s'] / mine['median_step_s']:.2f}×**; "
                              + ", ".join(f"{x:.2f}" for x in r["speedup_by_round"]))

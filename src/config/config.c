@@ -510,16 +510,13 @@ static int check_supported(loader_t *L) {
  * or names joined by '/', none of them empty, "." or "..", so a run never writes outside its
  * base_output_directory (run_name=.. had put metrics.jsonl in its parent). */
 static bool run_name_stays_inside(const char *name) {
-    if (name[0] == '/') return false;
-    for (const char *part = name; *part;) {
-        const char *end = strchr(part, '/');
+    /* A leading, trailing or doubled '/' makes an empty part. */
+    for (const char *part = name, *end;; part = end + 1) {
+        end = strchr(part, '/');
         size_t n = end ? (size_t)(end - part) : strlen(part);
         if (n == 0 || (n == 1 && part[0] == '.') || (n == 2 && part[0] == '.' && part[1] == '.')) return false;
-        if (!end) break;
-        part = end + 1;
-        if (!*part) return false; /* a trailing '/' */
+        if (!end) return true;
     }
-    return true;
 }
 
 static int check_cross(loader_t *L) {

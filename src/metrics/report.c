@@ -103,11 +103,13 @@ void report_discard(report_t *r) {
     free(r);
 }
 
-/* Beside the metrics file: summary.json in the run's folder, or <metrics_file>'s name with
+/* Beside the metrics file: summary.json in its folder (the run's), or <metrics_file>'s name with
  * ".summary.json" in place of its extension where metrics_file names the file. */
 static void summary_path_of(const report_t *r, char *out, size_t n) {
     if (!r->cfg->metrics_file[0]) {
-        snprintf(out, n, "%s/%s/summary.json", r->cfg->base_output_directory, r->cfg->run_name);
+        char dir[sizeof r->metrics_path];
+        dirname_of(r->metrics_path, dir, sizeof dir);
+        snprintf(out, n, "%s/summary.json", dir);
         return;
     }
     const char *slash = strrchr(r->metrics_path, '/'), *dot = strrchr(r->metrics_path, '.');
