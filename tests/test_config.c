@@ -107,6 +107,7 @@ static void test_defaults(void **state) {
     assert_string_equal(c.dataset_path, "");
     assert_int_equal(c.prefetch_depth, 2);
     assert_false(c.enable_checkpointing);
+    assert_int_equal(c.checkpoint_period, 10000);
     assert_true(c.enable_tensorboard && c.abort_on_nan_loss && c.abort_on_inf_loss);
     assert_string_equal(c.profiler, "");
     assert_int_equal(c.skip_first_n_steps_for_profiler, 1);
@@ -380,9 +381,13 @@ static void test_dataset_path(void **state) {
 
 static void test_unsupported(void **state) {
     (void)state;
-    char *a[] = {"enable_checkpointing=true"};
-    expect_error("configs/base.yml", 1, a, "enable_checkpointing=true",
-                 "checkpointing is not supported yet; set enable_checkpointing=false", NULL);
+    char *a[] = {"checkpoint_period=0"};
+    expect_error("configs/base.yml", 1, a, "checkpoint_period", NULL);
+    config_t ck;
+    char *ck_on[] = {"enable_checkpointing=true", "checkpoint_period=3"};
+    expect_ok(&ck, "configs/base.yml", 2, ck_on);
+    assert_true(ck.enable_checkpointing);
+    assert_int_equal(ck.checkpoint_period, 3);
     char *b[] = {"weight_dtype=bfloat16"};
     expect_error("configs/base.yml", 1, b, "weight_dtype=bfloat16",
                  "master weights are float32 only", NULL);

@@ -15,7 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -628,6 +632,61 @@ static void test_atomic_file(void **state) {
     rm_tree(dir);
 }
 
+/* A writer of 100 MiB + 3 bytes in pieces (one call for 1 byte, one for 96 MiB + 1, one for the
+ * rest) writes the same bytes as fwrite, and drops from the page cache what lies 64 MiB or more
+ * behind its last byte; where the filesystem keeps files in memory (tmpfs) nothing can be
+ * dropped and only the bytes are checked. */
+typedef struct { const uint8_t *data; size_t parts[3]; } through_t;
+
+static int through_writer(FILE *f, void *ctx, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    const through_t *t = ctx;
+    size_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        if (atomic_file_write_through(f, t->data + at, t->parts[i]) != 0) return -1;
+        at += t->parts[i];
+    }
+    return 0;
+}
+
+static void test_atomic_file_write_through(void **state) {
+    (void)state;
+    char dir[256], path[300], err[512] = "";
+    make_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/big.bin", dir);
+    const size_t mib = 1u << 20, n = 100 * mib + 3;
+    uint8_t *data = malloc(n);
+    assert_non_null(data);
+    for (size_t i = 0; i < n; i++) data[i] = (uint8_t)(i * 2654435761u >> 13);
+    through_t t = {data, {1, 96 * mib + 1, 4 * mib + 1}};
+    assert_int_equal(atomic_write_with(path, through_writer, &t, err, sizeof err), 0);
+    size_t got;
+    uint8_t *back = read_all(path, &got);
+    assert_int_equal(got, n);
+    assert_memory_equal(back, data, n);
+    free(back); /* read_all brought every page back: write it again to see what the writer leaves */
+    assert_int_equal(atomic_write_with(path, through_writer, &t, err, sizeof err), 0);
+    struct statfs fs;
+    assert_int_equal(statfs(dir, &fs), 0);
+    if (fs.f_type != TMPFS_MAGIC) {
+        int fd = open(path, O_RDONLY);
+        assert_true(fd >= 0);
+        void *map = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0);
+        assert_true(map != MAP_FAILED);
+        long page = sysconf(_SC_PAGESIZE);
+        size_t behind = 32 * mib / (size_t)page, resident = 0; /* the first 32 MiB: well behind */
+        unsigned char *vec = malloc(behind);
+        assert_int_equal(mincore(map, behind * (size_t)page, vec), 0);
+        for (size_t i = 0; i < behind; i++) resident += vec[i] & 1;
+        assert_true(resident < behind / 10);
+        free(vec);
+        munmap(map, n);
+        close(fd);
+    }
+    free(data);
+    rm_tree(dir);
+}
+
 static void test_mkdir_p(void **state) {
     (void)state;
     char dir[256], p[400], f[300], err[64];
@@ -773,6 +832,7 @@ int main(void) {
         cmocka_unit_test(test_summary_arithmetic),
         cmocka_unit_test(test_summary_spread_weighted_by_flops),
         cmocka_unit_test(test_atomic_file),
+        cmocka_unit_test(test_atomic_file_write_through),
         cmocka_unit_test(test_mkdir_p),
         cmocka_unit_test(test_sample_profile),
     };

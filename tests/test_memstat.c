@@ -64,6 +64,24 @@ static void test_load_between_readings(void **state) {
     assert_float_equal(steal, 0.0, 0.0);
 }
 
+/* A run that paused 1 s of its 4 to write a file, while the kernel's threads did 0.6 s of the
+ * writeback and the run itself 0.4 s: left out, the load of the other 3 s is what neighbours
+ * used (1.5 core-seconds of busy time beyond ours: 0.5 cores), not the writeback's. */
+static void test_leaves_out_a_pause(void **state) {
+    (void)state;
+    double others, steal;
+    cpustat_t start = {.busy_s = 0.0, .steal_s = 0.0, .own_s = 0.0, .wall_s = 10.0};
+    cpustat_t pause_a = {.busy_s = 2.0, .steal_s = 0.1, .own_s = 1.5, .wall_s = 11.0};
+    cpustat_t pause_b = {.busy_s = 3.0, .steal_s = 0.3, .own_s = 1.9, .wall_s = 12.0};
+    cpustat_t end = {.busy_s = 8.5, .steal_s = 0.4, .own_s = 6.4, .wall_s = 14.0};
+    cpustat_load(&start, &end, &others, &steal);
+    assert_float_equal(others, 0.525, 1e-12); /* (8.5 - 6.4) / 4 with the pause */
+    cpustat_leave_out(&start, &pause_a, &pause_b);
+    cpustat_load(&start, &end, &others, &steal);
+    assert_float_equal(others, 0.5, 1e-12);  /* (7.5 - 6.0) / 3 */
+    assert_float_equal(steal, 0.2 / 3.0, 1e-12);
+}
+
 /* Spinning on this thread for 0.3 s: this process's CPU time and the machine's busy time both
  * grow by about that (jiffies are 10 ms; the machine's counts every core, so at least ours less
  * two ticks), and the wall clock moves forward. */
@@ -87,6 +105,7 @@ int main(void) {
         cmocka_unit_test(test_reads_this_process),
         cmocka_unit_test(test_follows_touched_pages),
         cmocka_unit_test(test_load_between_readings),
+        cmocka_unit_test(test_leaves_out_a_pause),
         cmocka_unit_test(test_reads_this_process_cpu_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -53,6 +53,7 @@ typedef struct config {
     int64_t data_delay_ms;    /* ours, for tests: the data thread sleeps this long per batch */
     /* outputs */
     bool enable_checkpointing;
+    int64_t checkpoint_period;
     char load_parameters_path[CONFIG_STR_MAX];
     char metrics_file[CONFIG_STR_MAX]; /* "" = <base_output_directory>/<run_name>/metrics.jsonl */
     bool enable_tensorboard;

@@ -693,7 +693,7 @@ static int write_body(FILE *f, void *ctx, char *err, size_t errlen) {
     for (size_t i = 0; ok && i < b->n; i++) {
         size_t numel = 1;
         for (int d = 0; d < b->entries[i].ndim; d++) numel *= (size_t)b->entries[i].shape[d];
-        if (numel) ok = fwrite(b->entries[i].data, sizeof(float), numel, f) == numel;
+        if (numel) ok = atomic_file_write_through(f, b->entries[i].data, numel * sizeof(float)) == 0;
     }
     if (!ok && err && errlen) snprintf(err, errlen, "write failed: %s", strerror(errno));
     return ok ? 0 : -1;

@@ -238,6 +238,9 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
     if (rec->memory_measured)
         fprintf(m, ", \"memory/rss_gib\": %.6f, \"memory/peak_rss_gib\": %.6f", (double)rec->rss_bytes / GIB,
                 (double)rec->peak_rss_bytes / GIB);
+    if (rec->checkpoint_bytes)
+        fprintf(m, ", \"checkpoint/write_seconds\": %.6f, \"checkpoint/bytes\": %llu", rec->checkpoint_seconds,
+                (unsigned long long)rec->checkpoint_bytes);
     fputs("}\n", m);
     int ok = fclose(m) == 0;
     size_t done = 0;

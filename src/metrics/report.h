@@ -16,6 +16,10 @@ typedef struct step_record {
     double loss, raw_grad_norm, grad_norm;
     double seconds;       /* completion of step − completion of the step before */
     double data_wait_seconds;
+    /* A parameter checkpoint written after this step (enable_checkpointing), outside its time;
+     * 0 bytes: none. */
+    uint64_t checkpoint_bytes;
+    double checkpoint_seconds;
     /* Read by the host thread when it reports the step (after the next one has started), not
      * by the compute thread: this process's resident set then and its peak so far. */
     bool memory_measured; /* false where /proc/self/status cannot be read: no figures reported */

@@ -18,6 +18,7 @@
 #include "profile/summary.h"
 #include "profile/trace.h"
 #include "profile/xplane.h"
+#include "train/checkpoint.h"
 #include "train/state.h"
 #include "util/atomic_file.h"
 #include "util/cpustat.h"
@@ -74,6 +75,8 @@ typedef struct loop {
     int finished;
     int stop_requested;
     int profile_pending;
+    int64_t checkpoint_pending; /* step + 1 whose parameters the host thread writes now; 0: none */
+    bool checkpoint_failed;
     step_record_t *records;
     /* test hook: the order of "step N started" and "loss N read" events */
     char *events;
@@ -131,6 +134,24 @@ static void *compute_main(void *arg) {
             l->profile_pending = 1;
             pthread_cond_broadcast(&l->cv);
             while (l->profile_pending) pthread_cond_wait(&l->cv, &l->mu);
+            end = now_ns();
+        }
+        if (l->cfg->enable_checkpointing && checkpoint_due(step, l->cfg->steps, l->cfg->checkpoint_period)) {
+            /* Rank 0's host thread writes it; every rank starts its next step, and its clock,
+             * after it, so no step time holds the write or a wait for it. */
+            bool failed = false;
+            if (l->rank == 0) {
+                l->checkpoint_pending = step + 1;
+                pthread_cond_broadcast(&l->cv);
+                while (l->checkpoint_pending) pthread_cond_wait(&l->cv, &l->mu);
+                failed = l->checkpoint_failed;
+            }
+            if (l->state.zero) {
+                pthread_mutex_unlock(&l->mu);
+                failed = zero_any(l->state.zero, failed);
+                pthread_mutex_lock(&l->mu);
+            }
+            if (failed) l->stop_requested = 1;
             end = now_ns();
         }
         pthread_mutex_unlock(&l->mu);
@@ -268,10 +289,51 @@ static void print_comm(const loop_t *l) {
            (double)z.wait_ns / (double)z.steps * 1e-6);
 }
 
-static void print_files(const report_t *r, const profile_files_t *pf, const config_t *cfg) {
+/* The line under a step's own that says what its checkpoint took. */
+static void print_checkpoint(const config_t *cfg, const step_record_t *rec) {
+    char path[4096];
+    checkpoint_path(path, sizeof path, cfg, rec->step);
+    bool gib = rec->checkpoint_bytes >= 1073741824u;
+    printf("checkpoint: step %lld's parameters, %.3f %s in %.3f s (%.3f GB/s), outside the step times: %s\n",
+           (long long)rec->step, (double)rec->checkpoint_bytes / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB",
+           rec->checkpoint_seconds, (double)rec->checkpoint_bytes / rec->checkpoint_seconds / 1e9, path);
+}
+
+/* A write the steps wait for (the profile, a checkpoint), read on the machine's CPU counters so
+ * that the other-load window, once open, leaves it out: the kernel's threads do part of its
+ * writeback, which is busy time but no neighbour's. */
+typedef struct pause {
+    bool read;
+    cpustat_t start;
+} pause_t;
+
+static pause_t pause_begin(bool window_open) {
+    pause_t p = {0};
+    p.read = window_open && cpustat_read(&p.start);
+    return p;
+}
+
+static void pause_end(const pause_t *p, cpustat_t *window_start) {
+    cpustat_t end;
+    if (p->read && cpustat_read(&end)) cpustat_leave_out(window_start, &p->start, &end);
+}
+
+typedef struct checkpoints_written {
+    int64_t count, last_step;
+} checkpoints_written_t;
+
+static void print_files(const report_t *r, const profile_files_t *pf, const checkpoints_written_t *ck,
+                        const config_t *cfg) {
     printf("files written:\n  %s\n", report_metrics_path(r));
     if (report_summary_path(r)) printf("  %s\n", report_summary_path(r));
     if (report_tensorboard_dir(r)) printf("  %s/ (TensorBoard scalars)\n", report_tensorboard_dir(r));
+    if (ck->count) {
+        char dir[4096];
+        checkpoint_path(dir, sizeof dir, cfg, -1);
+        printf("  %s/ (%lld parameter checkpoint%s, the last after step %lld: load_parameters_path=%s/%lld/model.safetensors)\n",
+               dir, (long long)ck->count, ck->count == 1 ? "" : "s", (long long)ck->last_step, dir,
+               (long long)ck->last_step);
+    }
     if (pf->written) {
         printf("  %s\n  %s\n  %s\n", pf->xplane, pf->trace, pf->summary);
         printf("open the profile: xprof --logdir=%s/%s/tensorboard --port=6006  (or tensorboard --logdir=... with the "
@@ -297,6 +359,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     l.start_time = (time_t)start;
     report_t *report = NULL;
     profile_files_t pf = {0};
+    checkpoints_written_t checkpoints = {0};
     pthread_mutex_init(&l.mu, NULL);
     pthread_cond_init(&l.cv, NULL);
     if (getenv("STEPSCOPE_EVENT_LOG")) {
@@ -341,6 +404,8 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
      * buffer (4-14 s for qwen3-0.6b here, minutes for the larger presets): a wrong dataset_path
      * or an unwritable base_output_directory is said at once, on every rank. */
     if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0)))
+        rc = LOOP_FAILED;
+    if (rc == LOOP_OK && writer && cfg->enable_checkpointing && checkpoint_check(cfg, &plan->dims, err, errlen) != 0)
         rc = LOOP_FAILED;
     g_report = report;
     if ((rc = comm_agree(world, rc, err)) != LOOP_OK) {
@@ -399,14 +464,42 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     cpustat_t load_before;
     bool load_from_step1 = false;
     char profile_err[512] = "";
+    char checkpoint_err[800] = "";
     int profile_failed = 0;
     pthread_mutex_lock(&l.mu);
     for (;;) {
         if (l.profile_pending) {
             pthread_mutex_unlock(&l.mu);
+            pause_t pause = pause_begin(load_from_step1);
             if (write_profile(&l, peak, &pf, profile_err, sizeof profile_err) != 0) profile_failed = 1;
+            pause_end(&pause, &load_before);
             pthread_mutex_lock(&l.mu);
             l.profile_pending = 0;
+            pthread_cond_broadcast(&l.cv);
+            continue;
+        }
+        if (l.checkpoint_pending) {
+            int64_t step = l.checkpoint_pending - 1;
+            pthread_mutex_unlock(&l.mu);
+            checkpoint_written_t ck = {0};
+            char ck_err[600];
+            pause_t pause = pause_begin(load_from_step1);
+            bool ok = checkpoint_write(cfg, &plan->dims, l.state.params, step, &ck, ck_err, sizeof ck_err) == 0;
+            pause_end(&pause, &load_before);
+            pthread_mutex_lock(&l.mu);
+            log_event(&l, "checkpoint", step);
+            if (ok) {
+                l.records[step].checkpoint_bytes = ck.bytes;
+                l.records[step].checkpoint_seconds = ck.seconds;
+                checkpoints.count++;
+                checkpoints.last_step = step;
+            } else if (!checkpoint_err[0]) {
+                /* Said once the steps up to this one are reported: their metrics stand. */
+                snprintf(checkpoint_err, sizeof checkpoint_err, "the checkpoint of step %lld could not be written: %s; "
+                         "the run stopped after that step, and the metrics up to it are kept", (long long)step, ck_err);
+            }
+            l.checkpoint_failed = !ok;
+            l.checkpoint_pending = 0;
             pthread_cond_broadcast(&l.cv);
             continue;
         }
@@ -420,6 +513,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             rec.memory_measured = memstat_read(&mem);
             rec.rss_bytes = mem.rss_bytes, rec.peak_rss_bytes = mem.peak_rss_bytes;
             if (rc == LOOP_OK && report && report_step(report, &rec, err, errlen) != 0) rc = LOOP_FAILED;
+            if (report && rec.checkpoint_bytes) print_checkpoint(cfg, &rec);
             if (rc == LOOP_OK && ((isnan(rec.loss) && cfg->abort_on_nan_loss) || (isinf(rec.loss) && cfg->abort_on_inf_loss))) {
                 snprintf(err, errlen, "loss is %s at step %lld; the run diverged: lower learning_rate or set "
                          "gradient_clipping_threshold (abort_on_nan_loss/abort_on_inf_loss=false to continue)",
@@ -459,6 +553,10 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
                  profile_failed ? profile_err : "");
         rc = 128 + g_signal;
     }
+    if (rc == LOOP_OK && checkpoint_err[0]) {
+        snprintf(err, errlen, "%s", checkpoint_err);
+        rc = LOOP_FAILED;
+    }
     if (rc == LOOP_OK && profile_failed) {
         snprintf(err, errlen, "the profile could not be written: %s; the metrics are complete", profile_err);
         rc = LOOP_FAILED;
@@ -484,7 +582,7 @@ done:
         if (g_signal && rc == LOOP_OK) rc = interrupted_in_setup(err, errlen); /* not said yet */
     } else if (report) {
         char cerr[512];
-        print_files(report, &pf, cfg);
+        print_files(report, &pf, &checkpoints, cfg);
         if (report_close(report, cerr, sizeof cerr) != 0 && rc == LOOP_OK) {
             snprintf(err, errlen, "%s", cerr);
             rc = LOOP_FAILED;

@@ -77,6 +77,38 @@ int atomic_write_with(const char *path, atomic_writer_fn fn, void *ctx, char *er
     return 0;
 }
 
+/* Pieces of 8 MiB; a piece is dropped from the cache once the one 64 MiB after it is written, by
+ * when the disk has had it for a while. Measured on 2.2 GiB (qwen3-0.6b's checkpoint) to this
+ * VM's disk: 0.66-0.79 s against 1.2-2.5 s with fwrite and one closing fsync. */
+enum { THROUGH_PIECE = 8 << 20, THROUGH_LAG = 64 << 20 };
+
+static off_t piece_floor(off_t at) { return at < 0 ? 0 : at / THROUGH_PIECE * THROUGH_PIECE; }
+
+int atomic_file_write_through(FILE *f, const void *data, size_t n) {
+    const char *p = data;
+    int fd = fileno(f);
+    while (n > 0) {
+        size_t k = n < THROUGH_PIECE ? n : THROUGH_PIECE;
+        off_t start = ftello(f);
+        if (fwrite(p, 1, k, f) != k || fflush(f) != 0) return -1;
+        p += k, n -= k;
+        if (start < 0) continue; /* not a seekable file: nothing to hand over */
+#ifdef __linux__
+        /* Hints, whose failure (a filesystem without them) changes nothing written. */
+        (void)sync_file_range(fd, start, (off_t)k, SYNC_FILE_RANGE_WRITE);
+        off_t from = piece_floor(start - THROUGH_LAG), to = piece_floor(start + (off_t)k - THROUGH_LAG);
+        if (to > from) {
+            (void)sync_file_range(fd, from, to - from,
+                                  SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+            (void)posix_fadvise(fd, from, to - from, POSIX_FADV_DONTNEED);
+        }
+#else
+        (void)fd;
+#endif
+    }
+    return 0;
+}
+
 typedef struct { const void *data; size_t len; } blob_t;
 
 static int write_blob(FILE *f, void *ctx, char *err, size_t errlen) {

@@ -17,6 +17,13 @@ int atomic_write_file(const char *path, const void *data, size_t len, char *err,
 /* Streaming form for large outputs: fn writes into the temp file. Same guarantees. */
 int atomic_write_with(const char *path, atomic_writer_fn fn, void *ctx, char *err, size_t errlen);
 
+/* For a writer fn of a large file: fwrite n bytes to f in pieces, each handed to the disk as it
+ * is written and dropped from the page cache once it is there. A file of gigabytes (a
+ * checkpoint) then neither fills the page cache, memory a run close to its limit needs, nor
+ * leaves all its writeback to the closing fsync. Byte for byte what fwrite writes. 0, or -1 with
+ * errno set. */
+int atomic_file_write_through(FILE *f, const void *data, size_t n);
+
 /* Unlink the temp file of a write in progress, if any; async-signal-safe, for a handler that
  * is about to _exit (one write is in progress at a time: only the host thread writes files). */
 void atomic_file_abandon(void);

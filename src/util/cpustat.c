@@ -25,6 +25,13 @@ bool cpustat_read(cpustat_t *s) {
     return true;
 }
 
+void cpustat_leave_out(cpustat_t *start, const cpustat_t *a, const cpustat_t *b) {
+    start->busy_s += b->busy_s - a->busy_s;
+    start->steal_s += b->steal_s - a->steal_s;
+    start->own_s += b->own_s - a->own_s;
+    start->wall_s += b->wall_s - a->wall_s;
+}
+
 void cpustat_load(const cpustat_t *a, const cpustat_t *b, double *others_cores, double *steal_cores) {
     double wall = b->wall_s - a->wall_s;
     double others = wall > 0 ? ((b->busy_s - a->busy_s) - (b->own_s - a->own_s)) / wall : 0.0;

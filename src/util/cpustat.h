@@ -24,4 +24,10 @@ bool cpustat_read(cpustat_t *s);
  * hypervisor took. */
 void cpustat_load(const cpustat_t *a, const cpustat_t *b, double *others_cores, double *steal_cores);
 
+/* Take the stretch from a to b (inside a measurement begun at `start`) out of it, so that
+ * cpustat_load(start, end) covers the rest: a run leaves out the pauses in which it writes its
+ * profile or a checkpoint, whose writeback the kernel's own threads do (busy time, but not a
+ * neighbour's). */
+void cpustat_leave_out(cpustat_t *start, const cpustat_t *a, const cpustat_t *b);
+
 #endif

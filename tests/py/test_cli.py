@@ -1075,6 +1075,108 @@ TINY_LAYER = [  # (suffix, rows, cols) as in QWEN3_LAYER_TENSORS, tiny shape
 ]
 
 
+# ---- checkpoints -------------------------------------------------------------------------------
+
+def checkpoint_file(tmp_path, step, run_name=RUN):
+    return run_dir(tmp_path, run_name) / "checkpoints" / str(step) / "model.safetensors"
+
+
+def safetensors_header(path):
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), len(raw) - 8 - n
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_checkpoints_load_back(tmp_path, dtype):
+    """enable_checkpointing writes the parameters after steps 0, 2 and 4 (the multiples of
+    checkpoint_period=2, and the last). A run started from step 2's file computes at its step 0
+    the very loss, to the last bit, that the first run computed at its step 3: the same parameters
+    on the same batch (synthetic data repeats one batch). Both dtypes save the fp32 master
+    weights; bf16's copy is made from them at set-up as the update makes it."""
+    log = tmp_path / "events.txt"
+    r = train(tmp_path, "steps=5", f"dtype={dtype}", "enable_checkpointing=true", "checkpoint_period=2",
+              env_extra={"STEPSCOPE_EVENT_LOG": str(log)})
+    ckdir = run_dir(tmp_path) / "checkpoints"
+    assert sorted(p.relative_to(ckdir).as_posix() for p in ckdir.rglob("*")) == [
+        "0", "0/model.safetensors", "2", "2/model.safetensors", "4", "4/model.safetensors"]   # no temporaries
+    # Hugging Face's names, fp32, every parameter once
+    header, data_bytes = safetensors_header(checkpoint_file(tmp_path, 2))
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    assert {"model.embed_tokens.weight", "model.norm.weight", "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.1.mlp.down_proj.weight"} <= set(tensors)
+    assert {v["dtype"] for v in tensors.values()} == {"F32"}
+    num_params = int(re.search(r"tiny, (\d+) parameters", r.stdout).group(1))
+    assert sum(math.prod(v["shape"]) for v in tensors.values()) == num_params
+    assert data_bytes == 4 * num_params
+    # each written after its step and before the next step started: outside every step's time
+    events = log.read_text().splitlines()
+    for s in (0, 2):
+        assert events.index(f"start {s}") < events.index(f"checkpoint {s}") < events.index(f"start {s + 1}"), events
+    assert events.index("checkpoint 4") > events.index("start 4")
+    # the console says so under its step, the metrics carry it on those steps only
+    lines = r.stdout.splitlines()
+    for s in (0, 2, 4):
+        i = next(k for k, l in enumerate(lines) if l.startswith(f"completed step: {s},"))
+        assert lines[i + 1].startswith(f"checkpoint: step {s}'s parameters, "), lines[i + 1]
+        assert "outside the step times" in lines[i + 1]
+        assert lines[i + 1].endswith(str(checkpoint_file(tmp_path, s))), lines[i + 1]
+    recs, raw = read_metrics(tmp_path)
+    assert [m["step"] for m in recs if "checkpoint/bytes" in m] == [0, 2, 4]
+    for m in recs:
+        if "checkpoint/bytes" in m:
+            assert m["checkpoint/bytes"] == checkpoint_file(tmp_path, m["step"]).stat().st_size
+            assert m["checkpoint/write_seconds"] > 0
+    assert f"{ckdir}/ (3 parameter checkpoints, the last after step 4: load_parameters_path=" in r.stdout
+    # loaded back
+    train(tmp_path, "steps=1", f"dtype={dtype}", f"load_parameters_path={checkpoint_file(tmp_path, 2)}",
+          run_name="from2")
+    _, raw2 = read_metrics(tmp_path, "from2")
+    assert raw_losses(raw2)[0] == raw_losses(raw)[3]
+    # off by default: no folder
+    train(tmp_path, "steps=2", run_name="off")
+    assert not (run_dir(tmp_path, "off") / "checkpoints").exists()
+
+
+def test_checkpoints_that_cannot_be_kept_are_refused_before_set_up(tmp_path):
+    # a file where the checkpoints folder goes
+    run_dir(tmp_path).mkdir(parents=True)
+    (run_dir(tmp_path) / "checkpoints").write_text("")
+    r = stepscope(tmp_path, *FAST, f"run_name={RUN}", "enable_checkpointing=true")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "checkpoints is not a folder" in r.stderr and "set-up:" not in r.stdout
+    # no room: a million checkpoints of qwen3-0.6b's 2.2 GiB, said before its 10 GiB set-up
+    r = stepscope(tmp_path, *FAST[1:], "model_name=qwen3-0.6b", "run_name=big", "enable_checkpointing=true",
+                  "steps=1000000", "checkpoint_period=1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the run's 1000000 checkpoints" in r.stderr and "2.221 GiB each" in r.stderr, r.stderr
+    assert "raise checkpoint_period, lower steps or free space" in r.stderr
+    assert "set-up:" not in r.stdout
+    assert not run_dir(tmp_path, "big").exists()
+
+
+def test_checkpoint_that_cannot_be_written_stops_the_run(tmp_path):
+    # step 2's folder cannot be made: the run stops after step 2 with a message, and keeps the
+    # metrics of steps 0..2 and step 0's checkpoint
+    (run_dir(tmp_path) / "checkpoints").mkdir(parents=True)
+    (run_dir(tmp_path) / "checkpoints" / "2").write_text("")
+    r = stepscope(tmp_path, *FAST, f"run_name={RUN}", "steps=5", "enable_checkpointing=true", "checkpoint_period=2")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the checkpoint of step 2 could not be written" in r.stderr and "Not a directory" in r.stderr, r.stderr
+    recs, _ = read_metrics(tmp_path)
+    assert [m["step"] for m in recs] == [0, 1, 2]
+    assert checkpoint_file(tmp_path, 0).exists()
+
+
+def test_dry_run_counts_checkpoints(tmp_path):
+    r = stepscope(tmp_path, *FAST, "--dry-run", "enable_checkpointing=true", "steps=21", "checkpoint_period=10")
+    assert r.returncode == 0, r.stderr
+    plan = parse_plan(r.stdout)
+    assert plan["checkpoints"].startswith("3 ")    # 0, 10, 20
+    assert int(plan["checkpoint_bytes_each"].split()[0]) >= 4 * int(plan["num_parameters"])
+    assert "checkpoints" not in parse_plan(stepscope(tmp_path, *FAST, "--dry-run").stdout)
+
+
 def write_tiny_safetensors(path, nan_tensor=None):
     """A tiny-shaped Qwen3 checkpoint (F32); nan_tensor is filled with NaN."""
     rng = np.random.default_rng(0)

@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from test_cli import parse_plan  # noqa: E402  (same folder: pytest puts it on sys.path)
@@ -135,6 +136,40 @@ def test_bf16_ranks_reproduce_one_process(tmp_path):
     assert len(one) == len(many) == 5
     for a, b in zip(one, many):
         assert abs(a["learning/loss"] - b["learning/loss"]) <= 1e-4 * a["learning/loss"], (a, b)
+
+
+def read_safetensors_f32(path):
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    data = np.frombuffer(raw, dtype="<f4", offset=8 + n)
+    return {k: data[v["data_offsets"][0] // 4:v["data_offsets"][1] // 4] for k, v in header.items()
+            if k != "__metadata__"}
+
+
+def test_checkpoints_of_ranks(tmp_path):
+    """Every rank holds the whole parameters after the all-gather; rank 0 alone writes them, and
+    the other ranks wait for it at the step's end. The file holds what one process's run holds
+    (to the ranks' reduction order), and a run started from it continues where the ranks were."""
+    ck = ["enable_checkpointing=true", "checkpoint_period=2"]
+    single(tmp_path, *FAST, "steps=5", "per_device_batch_size=4", "run_name=one", *ck)
+    r = mpirun(tmp_path, 2, *FAST, "steps=5", "per_device_batch_size=2", "run_name=many", *ck)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("checkpoint: step ") == 3
+    listing = {run: sorted(p.relative_to(tmp_path / "out" / run / "checkpoints").as_posix()
+                           for p in (tmp_path / "out" / run / "checkpoints").rglob("*")) for run in ("one", "many")}
+    assert listing["many"] == listing["one"] == ["0", "0/model.safetensors", "2", "2/model.safetensors", "4",
+                                                 "4/model.safetensors"]
+    for step in (0, 2, 4):
+        a, b = (read_safetensors_f32(tmp_path / "out" / run / "checkpoints" / str(step) / "model.safetensors")
+                for run in ("one", "many"))
+        assert a.keys() == b.keys()
+        for k in a:
+            assert np.linalg.norm(a[k] - b[k]) <= TOL * np.linalg.norm(a[k]), (step, k)
+    single(tmp_path, *FAST, "steps=1", "per_device_batch_size=4", "run_name=from2",
+           f"load_parameters_path={tmp_path / 'out' / 'many' / 'checkpoints' / '2' / 'model.safetensors'}")
+    resumed, many = metrics(tmp_path, "from2")[0]["learning/loss"], metrics(tmp_path, "many")[3]["learning/loss"]
+    assert abs(resumed - many) <= TOL * abs(many), (resumed, many)
 
 
 def test_token_file_rows_split_across_ranks(tmp_path):

@@ -246,7 +246,7 @@ BAD_INPUTS = [
     ("odd head_dim", _args("model_name=default", "head_dim=15"), 2, ["head_dim=15", "even"]),
     ("not supported: bf16 master weights", _args("weight_dtype=bfloat16"), 2, ["weight_dtype=bfloat16", "float32"]),
     ("not allowed: remat policy", _args("remat_policy=partial"), 2, ["remat_policy=partial", "minimal"]),
-    ("not supported: checkpointing", _args("enable_checkpointing=true"), 2, ["enable_checkpointing"]),
+    ("checkpoint period zero", _args("enable_checkpointing=true", "checkpoint_period=0"), 2, ["checkpoint_period=0"]),
     # YAML files
     ("missing YAML file", lambda d: [str(d / "nope.yml")], 2, ["nope.yml", "No such file"]),
     ("no config given", lambda d: ["steps=3"], 2, ["no config file"]),

@@ -1,0 +1,93 @@
+/* checkpoint: see checkpoint.h. */
+#include "train/checkpoint.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+
+#include "util/atomic_file.h"
+
+bool checkpoint_due(int64_t step, int64_t steps, int64_t period) {
+    return step >= 0 && step < steps && (step % period == 0 || step == steps - 1);
+}
+
+int64_t checkpoint_count(int64_t steps, int64_t period) {
+    if (steps < 1) return 0;
+    int64_t multiples = (steps - 1) / period + 1; /* 0, period, ... up to steps - 1 */
+    return multiples + ((steps - 1) % period != 0);
+}
+
+uint64_t checkpoint_file_bytes(const qwen3_dims_t *d) {
+    /* A header entry is the name, dtype, shape and offsets: well under 256 bytes. */
+    return (uint64_t)qwen3_num_params(d) * sizeof(float) + (uint64_t)qwen3_tensor_table(d, NULL) * 256 + 4096;
+}
+
+int checkpoint_path(char *out, size_t n, const config_t *cfg, int64_t step) {
+    int k = step < 0 ? snprintf(out, n, "%s/%s/checkpoints", cfg->base_output_directory, cfg->run_name)
+                     : snprintf(out, n, "%s/%s/checkpoints/%lld/model.safetensors", cfg->base_output_directory,
+                                cfg->run_name, (long long)step);
+    return k < 0 || (size_t)k >= n ? -1 : 0;
+}
+
+static double gib(uint64_t b) { return (double)b / 1073741824.0; }
+
+int checkpoint_check_space(const config_t *cfg, const qwen3_dims_t *d, uint64_t available_bytes, char *err,
+                           size_t errlen) {
+    int64_t count = checkpoint_count(cfg->steps, cfg->checkpoint_period);
+    uint64_t each = checkpoint_file_bytes(d), need = (uint64_t)count * each;
+    if (need <= available_bytes) return 0;
+    snprintf(err, errlen,
+             "enable_checkpointing: the run's %lld checkpoints (the steps that are multiples of checkpoint_period=%lld, and the last) need %.3f GiB "
+             "(%.3f GiB each) and %s/%s has %.3f GiB free; raise checkpoint_period, lower steps or free space",
+             (long long)count, (long long)cfg->checkpoint_period, gib(need), gib(each), cfg->base_output_directory,
+             cfg->run_name, gib(available_bytes));
+    return -1;
+}
+
+int checkpoint_check(const config_t *cfg, const qwen3_dims_t *d, char *err, size_t errlen) {
+    char dir[4096];
+    if (checkpoint_path(dir, sizeof dir, cfg, -1) != 0) {
+        snprintf(err, errlen, "base_output_directory and run_name make a path too long for the checkpoints");
+        return -1;
+    }
+    struct stat st;
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "enable_checkpointing: %s is not a folder; remove it or choose another run_name", dir);
+        return -1;
+    }
+    /* The run folder exists by now (the metrics file is open in it). */
+    *strrchr(dir, '/') = '\0';
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) != 0) {
+        snprintf(err, errlen, "enable_checkpointing: cannot read the free space of %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    return checkpoint_check_space(cfg, d, (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize, err, errlen);
+}
+
+int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params, int64_t step,
+                     checkpoint_written_t *out, char *err, size_t errlen) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char path[4096];
+    if (checkpoint_path(path, sizeof path, cfg, step) != 0) {
+        snprintf(err, errlen, "the checkpoint path of step %lld is too long", (long long)step);
+        return -1;
+    }
+    char *slash = strrchr(path, '/');
+    *slash = '\0';
+    if (mkdir_p(path) != 0) {
+        snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+        return -1;
+    }
+    *slash = '/';
+    if (qwen3_save_safetensors(params, d, path, err, errlen) != 0) return -1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    struct stat st;
+    *out = (checkpoint_written_t){.step = step,
+                                  .bytes = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0,
+                                  .seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)};
+    return 0;
+}
