@@ -83,3 +83,26 @@ def test_first_losses_match_stepscope(tmp_path, case):
     assert max(rel) < REL_TOL, f"stepscope {ours} vs torch {torch_losses}: relative differences {rel}"
     # the steps must have trained, or matching losses would say little about the optimizer
     assert torch_losses[2] < torch_losses[0] - 1e-3
+
+
+def test_checkpoint_continues_in_the_reference(tmp_path):
+    """A checkpoint (enable_checkpointing) is a Hugging Face Qwen3 state dict that another
+    implementation takes as it is: the PyTorch reference, started from step 2's parameters on the
+    same batch, computes at its first step the loss stepscope computed at step 3. Same bar as
+    above: float32 rounding and summation order only."""
+    overrides = ["model_name=tiny"]
+    r = subprocess.run([str(BIN), str(ROOT / "configs" / "base.yml"), *overrides, "steps=4", "enable_checkpointing=true",
+                        "checkpoint_period=2", f"base_output_directory={tmp_path / 'out'}", "run_name=r", "profiler=",
+                        "enable_tensorboard=false", "device_peak_tflops=0.446", "num_threads=1"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    ours = [json.loads(line)["learning/loss"]
+            for line in (tmp_path / "out" / "r" / "metrics.jsonl").read_text().splitlines()]
+    checkpoint, result = tmp_path / "out" / "r" / "checkpoints" / "2" / "model.safetensors", tmp_path / "torch.json"
+    r = subprocess.run([TORCH_PY, str(REFERENCE), "--bin", str(BIN), "--threads", "1", "--quiet",
+                        "--load-weights", str(checkpoint), "--json", str(result), *overrides, "steps=1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    theirs = json.loads(result.read_text())["steps"][0]["loss"]
+    assert abs(theirs - ours[3]) / abs(ours[3]) < REL_TOL, (theirs, ours)
+    assert abs(ours[3] - ours[0]) / abs(ours[0]) > 100 * REL_TOL   # the checkpoint is not the initial weights
