@@ -108,6 +108,9 @@ static void test_defaults(void **state) {
     assert_int_equal(c.prefetch_depth, 2);
     assert_false(c.enable_checkpointing);
     assert_int_equal(c.checkpoint_period, 10000);
+    assert_int_equal(c.eval_interval, -1);
+    assert_int_equal(c.eval_steps, 1);
+    assert_string_equal(c.eval_dataset_path, "");
     assert_true(c.enable_tensorboard && c.abort_on_nan_loss && c.abort_on_inf_loss);
     assert_string_equal(c.profiler, "");
     assert_int_equal(c.skip_first_n_steps_for_profiler, 1);

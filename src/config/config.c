@@ -540,6 +540,13 @@ static int check_cross(loader_t *L) {
         return fail(L, "dataset_path=%s %s is only used with dataset_type=tokens, but dataset_type=%s; "
                        "set dataset_type=tokens or dataset_path=\"\"",
                     c->dataset_path, ORIGIN(dataset_path), c->dataset_type);
+    if (!tokens && c->eval_dataset_path[0])
+        return fail(L, "eval_dataset_path=%s %s is only used with dataset_type=tokens (synthetic data evaluates on "
+                       "a batch of seed data_seed + 1); set dataset_type=tokens or eval_dataset_path=\"\"",
+                    c->eval_dataset_path, ORIGIN(eval_dataset_path));
+    if (c->eval_interval == 0)
+        return fail(L, "eval_interval=0 %s: allowed: -1 (no evaluation) or N >= 1 (evaluate after every N steps)",
+                    ORIGIN(eval_interval));
     if (c->ici_fsdp_parallelism == 0 || c->dcn_data_parallelism == 0 ||
         (c->ici_fsdp_parallelism == -1 && c->dcn_data_parallelism == -1))
         return fail(L, "ici_fsdp_parallelism=%" PRId64 " %s, dcn_data_parallelism=%" PRId64

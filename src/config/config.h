@@ -48,6 +48,9 @@ typedef struct config {
     /* data */
     char dataset_type[CONFIG_STR_MAX]; /* "synthetic" or "tokens" */
     char dataset_path[CONFIG_STR_MAX];
+    int64_t eval_interval;
+    int64_t eval_steps;
+    char eval_dataset_path[CONFIG_STR_MAX];
     int64_t data_seed;        /* ours: seed of the synthetic batch */
     int64_t prefetch_depth;   /* ours: batches the data thread may run ahead */
     int64_t data_delay_ms;    /* ours, for tests: the data thread sleeps this long per batch */

@@ -241,6 +241,14 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
     if (rec->checkpoint_bytes)
         fprintf(m, ", \"checkpoint/write_seconds\": %.6f, \"checkpoint/bytes\": %llu", rec->checkpoint_seconds,
                 (unsigned long long)rec->checkpoint_bytes);
+    char eval_loss[32];
+    if (rec->eval_batches)
+        fprintf(m, ", \"eval/avg_loss\": %s, \"eval/total_weights\": %lld, \"eval/seconds\": %.6f, "
+                "\"eval/per_device_tokens_per_sec\": %.4f, \"eval/per_device_tflops_per_sec\": %.6f",
+                json_number(eval_loss, sizeof eval_loss, rec->eval_loss),
+                (long long)(rec->eval_batches * r->plan.tokens_per_device * r->plan.num_ranks), rec->eval_seconds,
+                (double)(rec->eval_batches * r->plan.tokens_per_device) / rec->eval_seconds,
+                tflops / 3.0 * (double)rec->eval_batches / rec->eval_seconds);
     fputs("}\n", m);
     int ok = fclose(m) == 0;
     size_t done = 0;
@@ -274,7 +282,10 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
                           (float)(mfu / 100.0), (float)rec->data_wait_seconds, (float)((double)rec->rss_bytes / GIB),
                           (float)((double)rec->peak_rss_bytes / GIB)};
         size_t n = sizeof values / sizeof values[0] - (rec->memory_measured ? 0 : 2);
-        if (tfevents_write_scalars(r->tb, rec->step, tfevents_wall_time(), n, tags, values) != 0) {
+        const char *eval_tag = "eval/avg_loss";
+        float eval_value = (float)rec->eval_loss;
+        if (tfevents_write_scalars(r->tb, rec->step, tfevents_wall_time(), n, tags, values) != 0 ||
+            (rec->eval_batches && tfevents_write_scalars(r->tb, rec->step, tfevents_wall_time(), 1, &eval_tag, &eval_value) != 0)) {
             snprintf(err, errlen, "writing TensorBoard events failed: %s", tfevents_error(r->tb));
             return 1;
         }

@@ -20,6 +20,10 @@ typedef struct step_record {
      * 0 bytes: none. */
     uint64_t checkpoint_bytes;
     double checkpoint_seconds;
+    /* An evaluation run after this step (eval_interval), outside its time: the mean loss over
+     * eval_batches batches of the global batch and the seconds they took; 0 batches: none. */
+    int64_t eval_batches;
+    double eval_loss, eval_seconds;
     /* Read by the host thread when it reports the step (after the next one has started), not
      * by the compute thread: this process's resident set then and its peak so far. */
     bool memory_measured; /* false where /proc/self/status cannot be read: no figures reported */

@@ -65,6 +65,8 @@ typedef struct loop {
     train_state_t state;
     zero_stats_t comm_after_step0; /* step 0 pays one-time costs: left out of the comm figures */
     data_source_t *data;
+    data_source_t *eval_data; /* NULL unless eval_interval > 0 */
+    int64_t eval_batches_read;
     trace_t *trace;
     int64_t profile_first, profile_last; /* -1 when not profiling */
     uint32_t span_train, span_data_wait;
@@ -90,6 +92,29 @@ static void log_event(loop_t *l, const char *what, int64_t step) {
 }
 
 static int64_t now_ns(void) { return trace_now_ns(); }
+
+/* MaxText's rule: after step s when s + 1 is a multiple of eval_interval, step 0 excepted. */
+static bool eval_due(const config_t *cfg, int64_t step) {
+    return cfg->eval_interval > 0 && step > 0 && (step + 1) % cfg->eval_interval == 0;
+}
+
+/* eval_steps batches, forward and loss only, on the compute thread between two steps; the
+ * profiler does not record it (its window holds training steps only). */
+static void evaluate(loop_t *l, step_record_t *rec) {
+    bool recording = l->trace && l->trace->recording;
+    if (recording) trace_set_recording(l->trace, false);
+    int64_t t0 = now_ns();
+    double sum = 0.0;
+    for (int64_t i = 0; i < l->cfg->eval_steps; i++, l->eval_batches_read++) {
+        double wait;
+        sum += train_eval_loss(&l->state, data_next(l->eval_data, l->eval_batches_read, &wait));
+        data_release(l->eval_data, l->eval_batches_read);
+    }
+    rec->eval_seconds = (double)(now_ns() - t0) * 1e-9;
+    rec->eval_batches = l->cfg->eval_steps;
+    rec->eval_loss = sum / (double)l->cfg->eval_steps;
+    if (recording) trace_set_recording(l->trace, true);
+}
 
 static void *compute_main(void *arg) {
     loop_t *l = arg;
@@ -121,11 +146,16 @@ static void *compute_main(void *arg) {
         if (step == 0 && l->state.zero) l->comm_after_step0 = zero_stats(l->state.zero);
         int64_t end = now_ns();
         if (l->trace) trace_end_step(l->trace, LANE_COMPUTE, l->span_train, span, step);
+        step_record_t rec = {.step = step, .loss = res.loss, .raw_grad_norm = res.raw_grad_norm,
+                             .grad_norm = res.grad_norm, .seconds = (double)(end - last_end) * 1e-9,
+                             .data_wait_seconds = wait};
+        if (eval_due(l->cfg, step)) {
+            evaluate(l, &rec);
+            end = now_ns(); /* the next step's clock starts after the evaluation */
+        }
 
         pthread_mutex_lock(&l->mu);
-        l->records[step] = (step_record_t){.step = step, .loss = res.loss, .raw_grad_norm = res.raw_grad_norm,
-                                           .grad_norm = res.grad_norm, .seconds = (double)(end - last_end) * 1e-9,
-                                           .data_wait_seconds = wait};
+        l->records[step] = rec;
         l->completed = step;
         pthread_cond_broadcast(&l->cv);
         if (step == l->profile_last) {
@@ -246,7 +276,18 @@ static int open_data(loop_t *l, char *err, size_t errlen) {
                           .local_batch = cfg->per_device_batch_size, .seed = (uint64_t)cfg->data_seed,
                           .depth = cfg->prefetch_depth, .delay_ms = cfg->data_delay_ms, .trace = l->trace,
                           .trace_lane = LANE_DATA};
-    return data_open(&l->data, &opt, err, errlen);
+    if (data_open(&l->data, &opt, err, errlen) != 0) return -1;
+    if (cfg->eval_interval < 1) return 0;
+    /* Its own batches: another seed, or eval_dataset_path's windows. Its producer records no
+     * spans, since the data lane has one writer, the training data's producer. */
+    if (cfg->eval_dataset_path[0]) opt.dataset_path = cfg->eval_dataset_path;
+    opt.seed = (uint64_t)cfg->data_seed + 1;
+    opt.trace = NULL;
+    if (data_open(&l->eval_data, &opt, err, errlen) == 0) return 0;
+    char inner[512];
+    snprintf(inner, sizeof inner, "%s", err);
+    snprintf(err, errlen, "evaluation data: %s", inner);
+    return -1;
 }
 
 static size_t events_per_step(const plan_t *p) {
@@ -297,6 +338,19 @@ static void print_checkpoint(const config_t *cfg, const step_record_t *rec) {
     printf("checkpoint: step %lld's parameters, %.3f %s in %.3f s (%.3f GB/s), outside the step times: %s\n",
            (long long)rec->step, (double)rec->checkpoint_bytes / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB",
            rec->checkpoint_seconds, (double)rec->checkpoint_bytes / rec->checkpoint_seconds / 1e9, path);
+}
+
+/* The line under a step's own that says what its evaluation found and took. A batch's forward is
+ * a third of a training step's FLOPs in MaxText's count (6·N·T and attention's, each 3 × the
+ * forward's), so its TFLOP/s and MFU compare with the steps'. */
+static void print_eval(const plan_t *plan, double peak_tflops, const step_record_t *rec) {
+    double tflops_s = plan->tflops_per_device / 3.0 * (double)rec->eval_batches / rec->eval_seconds;
+    printf("eval: after step %lld, average loss %.4f over %lld tokens (%lld batches), %.3f s, %.1f tokens/s/device, "
+           "%.3f TFLOP/s/device, MFU %.2f%%, outside the step times\n",
+           (long long)rec->step, rec->eval_loss, (long long)(rec->eval_batches * plan->tokens_per_device * plan->num_ranks),
+           (long long)rec->eval_batches, rec->eval_seconds,
+           (double)(rec->eval_batches * plan->tokens_per_device) / rec->eval_seconds, tflops_s,
+           peak_tflops > 0 ? 100.0 * tflops_s / peak_tflops : 0.0);
 }
 
 /* A write the steps wait for (the profile, a checkpoint), read on the machine's CPU counters so
@@ -514,6 +568,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             rec.rss_bytes = mem.rss_bytes, rec.peak_rss_bytes = mem.peak_rss_bytes;
             if (rc == LOOP_OK && report && report_step(report, &rec, err, errlen) != 0) rc = LOOP_FAILED;
             if (report && rec.checkpoint_bytes) print_checkpoint(cfg, &rec);
+            if (report && rec.eval_batches) print_eval(plan, peak, &rec);
             if (rc == LOOP_OK && ((isnan(rec.loss) && cfg->abort_on_nan_loss) || (isinf(rec.loss) && cfg->abort_on_inf_loss))) {
                 snprintf(err, errlen, "loss is %s at step %lld; the run diverged: lower learning_rate or set "
                          "gradient_clipping_threshold (abort_on_nan_loss/abort_on_inf_loss=false to continue)",
@@ -599,6 +654,7 @@ done:
         free(l.events);
     }
     data_close(l.data);
+    data_close(l.eval_data);
     train_state_destroy(&l.state);
     trace_destroy(l.trace);
     free(l.records);

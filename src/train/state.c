@@ -143,3 +143,12 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     }
     trace_end(s->trace, 0, s->span_optimizer, opt_span, 0);
 }
+
+double train_eval_loss(train_state_t *s, const int32_t *tokens) {
+    double loss = qwen3_forward_loss(s->model, tokens);
+    if (s->zero) {
+        zero_allreduce(s->zero, ZERO_WORLD, &loss, 1);
+        loss /= (double)s->plan.num_ranks;
+    }
+    return loss;
+}

@@ -65,4 +65,9 @@ void train_state_destroy(train_state_t *s);
  * AdamW updates this rank's shard, and the parameters are all-gathered. */
 void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out);
 
+/* The loss of the current parameters on tokens [B, S+1], forward only (evaluation): no
+ * gradient, no update. With several ranks, the mean over the ranks' rows, so the global batch's
+ * loss on every rank (a collective: every rank calls it together). */
+double train_eval_loss(train_state_t *s, const int32_t *tokens);
+
 #endif

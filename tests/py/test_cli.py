@@ -1177,6 +1177,75 @@ def test_dry_run_counts_checkpoints(tmp_path):
     assert "checkpoints" not in parse_plan(stepscope(tmp_path, *FAST, "--dry-run").stdout)
 
 
+# ---- evaluation --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_evaluation_is_the_forward_loss_of_its_parameters(tmp_path, dtype):
+    """eval_interval=2 evaluates after steps 1 and 3 (MaxText: after step s when s + 1 is a
+    multiple, step 0 excepted), on synthetic data of seed data_seed + 1. Its loss is the training
+    loss those parameters give that batch: a run with data_seed=1 started from the checkpoint of
+    step 1 computes at its step 0, to the last bit, the evaluation after step 1 (eval_steps=2 of
+    the one synthetic batch: (x + x) / 2 is x)."""
+    r = train(tmp_path, "steps=4", f"dtype={dtype}", "eval_interval=2", "eval_steps=2", "enable_checkpointing=true",
+              "checkpoint_period=1")
+    recs, raw = read_metrics(tmp_path)
+    assert [m["step"] for m in recs if "eval/avg_loss" in m] == [1, 3]
+    m1 = next(m for m in recs if m["step"] == 1)
+    assert m1["eval/total_weights"] == 2 * 2 * 256          # 2 batches of the default 2 x 256
+    assert m1["eval/seconds"] > 0 and m1["eval/per_device_tokens_per_sec"] > 0
+    # a batch's forward is a third of a step's FLOPs (seconds are written to 1 us: 2e-3 relative)
+    expect = m1["perf/per_device_tflops"] / 3 * 2 / m1["eval/seconds"]
+    assert abs(m1["eval/per_device_tflops_per_sec"] - expect) <= 2e-3 * expect
+    raw_eval = [re.search(r'"eval/avg_loss": ([^,]+),', l).group(1) for l in raw if "eval/avg_loss" in l]
+    lines = r.stdout.splitlines()
+    for s in (1, 3):
+        i = next(k for k, l in enumerate(lines) if l.startswith(f"completed step: {s},"))
+        ev = next(l for l in lines[i + 1:i + 3] if l.startswith("eval:"))
+        assert ev.startswith(f"eval: after step {s}, average loss ") and "over 1024 tokens (2 batches)" in ev, ev
+        assert ev.endswith("outside the step times")
+    train(tmp_path, "steps=1", f"dtype={dtype}", "data_seed=1", f"load_parameters_path={checkpoint_file(tmp_path, 1)}",
+          run_name="b")
+    _, raw_b = read_metrics(tmp_path, "b")
+    assert raw_losses(raw_b)[0] == raw_eval[0]
+    # TensorBoard has it too, at its steps (where tensorboard is installed)
+    try:
+        acc = tensorboard_scalars(run_dir(tmp_path) / "tensorboard" / RUN)
+    except pytest.skip.Exception:
+        acc = None
+    if acc is not None:
+        assert [e.step for e in acc.Scalars("eval/avg_loss")] == [1, 3]
+
+
+def test_evaluation_on_a_token_file(tmp_path):
+    """With dataset_type=tokens, eval_dataset_path's windows in order: the first evaluation reads
+    its batch 0, the batch a training run on that file starts with."""
+    write_tokens(tmp_path / "train.bin", np.random.default_rng(1).integers(0, 256, 3 * 64 + 1))
+    write_tokens(tmp_path / "eval.bin", np.random.default_rng(2).integers(0, 256, 2 * 64 + 1))
+    data = ["dataset_type=tokens", "per_device_batch_size=1", "max_target_length=64"]
+    train(tmp_path, *data, f"dataset_path={tmp_path / 'train.bin'}", "steps=3", "eval_interval=2",
+          f"eval_dataset_path={tmp_path / 'eval.bin'}", "enable_checkpointing=true", "checkpoint_period=1")
+    recs, raw = read_metrics(tmp_path)
+    raw_eval = [re.search(r'"eval/avg_loss": ([^,]+),', l).group(1) for l in raw if "eval/avg_loss" in l]
+    assert len(raw_eval) == 1 and "eval/avg_loss" in recs[1]
+    train(tmp_path, *data, f"dataset_path={tmp_path / 'eval.bin'}", "steps=1",
+          f"load_parameters_path={checkpoint_file(tmp_path, 1)}", run_name="b")
+    assert raw_losses(read_metrics(tmp_path, "b")[1])[0] == raw_eval[0]
+    # a bad evaluation file is refused before set-up, named as the evaluation's
+    r = stepscope(tmp_path, *FAST, "run_name=bad", *data, f"dataset_path={tmp_path / 'train.bin'}",
+                  "eval_interval=1", f"eval_dataset_path={tmp_path / 'none.bin'}")
+    assert r.returncode == 1 and "evaluation data:" in r.stderr and "none.bin" in r.stderr, r.stderr
+    assert "set-up:" not in r.stdout
+
+
+def test_evaluation_is_outside_the_step_times(tmp_path):
+    # 200 batches of evaluation take ~100 times a tiny step; the step after it is timed from its
+    # end, so it stays a step's length
+    train(tmp_path, "steps=4", "eval_interval=2", "eval_steps=200")
+    recs, _ = read_metrics(tmp_path)
+    ev = recs[1]["eval/seconds"]
+    assert recs[2]["perf/step_time_seconds"] < ev / 4, (recs[2], ev)
+
+
 def write_tiny_safetensors(path, nan_tensor=None):
     """A tiny-shaped Qwen3 checkpoint (F32); nan_tensor is filled with NaN."""
     rng = np.random.default_rng(0)

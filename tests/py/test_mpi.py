@@ -172,6 +172,22 @@ def test_checkpoints_of_ranks(tmp_path):
     assert abs(resumed - many) <= TOL * abs(many), (resumed, many)
 
 
+def test_evaluation_of_ranks(tmp_path):
+    """Each rank evaluates its rows of the global batch and the mean is taken over the ranks: the
+    one process's evaluation, to the reduction order."""
+    ev = ["eval_interval=2", "eval_steps=2"]
+    single(tmp_path, *FAST, "steps=4", "per_device_batch_size=4", "run_name=one", *ev)
+    r = mpirun(tmp_path, 2, *FAST, "steps=4", "per_device_batch_size=2", "run_name=many", *ev)
+    assert r.returncode == 0, r.stdout + r.stderr
+    one = [m for m in metrics(tmp_path, "one") if "eval/avg_loss" in m]
+    many = [m for m in metrics(tmp_path, "many") if "eval/avg_loss" in m]
+    assert [m["step"] for m in one] == [m["step"] for m in many] == [1, 3]
+    for a, b in zip(one, many):
+        assert abs(a["eval/avg_loss"] - b["eval/avg_loss"]) <= TOL * a["eval/avg_loss"], (a, b)
+        assert a["eval/total_weights"] == b["eval/total_weights"] == 2 * 4 * S
+    assert r.stdout.count("eval: after step ") == 2
+
+
 def test_token_file_rows_split_across_ranks(tmp_path):
     """A token file: rank r reads global rows [r*B, (r+1)*B) of each step, as one process does."""
     ids = struct.pack("<4096I", *[(i * 7 + i // 13) % 256 for i in range(4096)])

@@ -247,6 +247,9 @@ BAD_INPUTS = [
     ("not supported: bf16 master weights", _args("weight_dtype=bfloat16"), 2, ["weight_dtype=bfloat16", "float32"]),
     ("not allowed: remat policy", _args("remat_policy=partial"), 2, ["remat_policy=partial", "minimal"]),
     ("checkpoint period zero", _args("enable_checkpointing=true", "checkpoint_period=0"), 2, ["checkpoint_period=0"]),
+    ("eval interval zero", _args("eval_interval=0"), 2, ["eval_interval=0", "-1"]),
+    ("eval steps zero", _args("eval_interval=2", "eval_steps=0"), 2, ["eval_steps=0"]),
+    ("eval path without tokens", _args("eval_dataset_path=e.bin"), 2, ["eval_dataset_path=e.bin", "dataset_type=tokens"]),
     # YAML files
     ("missing YAML file", lambda d: [str(d / "nope.yml")], 2, ["nope.yml", "No such file"]),
     ("no config given", lambda d: ["steps=3"], 2, ["no config file"]),
