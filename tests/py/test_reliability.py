@@ -343,7 +343,7 @@ def test_bad_input_refused(tmp_path, setup, code, needles, build):
 
 def test_bad_input_count():
     # the README's reliability table quotes this number
-    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 72
+    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 75
 
 
 # ---- 2. faults: a full disk, a read-only folder, truncated inputs -----------------------------
