@@ -99,6 +99,18 @@ static void test_write_and_read_back(void **state) {
     assert_memory_equal(a, b, (size_t)n * sizeof(float));
     assert_int_equal(checkpoint_check(&cfg, &d, err, sizeof err), 0);
 
+    /* Hugging Face's config.json beside it, with the shape */
+    char cfg_path[4096], json[4096];
+    snprintf(cfg_path, sizeof cfg_path, "%s/r/checkpoints/2/config.json", base);
+    FILE *cf = fopen(cfg_path, "r");
+    assert_non_null(cf);
+    size_t len = fread(json, 1, sizeof json - 1, cf);
+    json[len] = '\0';
+    fclose(cf);
+    assert_non_null(strstr(json, "\"model_type\": \"qwen3\""));
+    assert_non_null(strstr(json, "\"num_key_value_heads\": 2,"));
+    assert_non_null(strstr(json, "\"tie_word_embeddings\": true"));
+    assert_int_equal(unlink(cfg_path), 0);
     assert_int_equal(unlink(path), 0);
     snprintf(dir, sizeof dir, "%s/r/checkpoints/2", base);
     assert_int_equal(rmdir(dir), 0); /* nothing else in it: no temporary file left */

@@ -67,6 +67,28 @@ int checkpoint_check(const config_t *cfg, const qwen3_dims_t *d, char *err, size
     return checkpoint_check_space(cfg, d, (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize, err, errlen);
 }
 
+/* Hugging Face's config.json for the shape, so that Qwen3ForCausalLM.from_pretrained(folder) opens
+ * the checkpoint as it is. rope_theta both at the top (transformers 4) and in rope_parameters
+ * (transformers 5). */
+static int write_hf_config(const char *folder, const qwen3_dims_t *d, int64_t max_positions, char *err, size_t errlen) {
+    char path[4096], json[2048];
+    snprintf(path, sizeof path, "%s/config.json", folder);
+    int n = snprintf(json, sizeof json,
+                     "{\n  \"architectures\": [\"Qwen3ForCausalLM\"],\n  \"model_type\": \"qwen3\",\n"
+                     "  \"vocab_size\": %lld,\n  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
+                     "  \"num_hidden_layers\": %lld,\n  \"num_attention_heads\": %lld,\n"
+                     "  \"num_key_value_heads\": %lld,\n  \"head_dim\": %lld,\n  \"hidden_act\": \"silu\",\n"
+                     "  \"rms_norm_eps\": %.17g,\n  \"rope_theta\": %.17g,\n"
+                     "  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %.17g},\n"
+                     "  \"max_position_embeddings\": %lld,\n  \"tie_word_embeddings\": %s,\n"
+                     "  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n  \"use_sliding_window\": false,\n"
+                     "  \"torch_dtype\": \"float32\"\n}\n",
+                     (long long)d->V, (long long)d->D, (long long)d->F, (long long)d->L, (long long)d->H,
+                     (long long)d->KV, (long long)d->HD, d->eps, d->rope_theta, d->rope_theta,
+                     (long long)max_positions, d->tied ? "true" : "false");
+    return atomic_write_file(path, json, (size_t)n, err, errlen);
+}
+
 int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params, int64_t step,
                      checkpoint_written_t *out, char *err, size_t errlen) {
     struct timespec t0, t1;
@@ -82,6 +104,11 @@ int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *pa
         snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
         return -1;
     }
+    /* Qwen3 has the per-head q/k norms; without them the shape is no Hugging Face model. The
+     * positions: Qwen3's own 40960, or the run's length where longer. */
+    if (d->qk_norm && write_hf_config(path, d, cfg->max_target_length > 40960 ? cfg->max_target_length : 40960, err,
+                                      errlen) != 0)
+        return -1;
     *slash = '/';
     if (qwen3_save_safetensors(params, d, path, err, errlen) != 0) return -1;
     clock_gettime(CLOCK_MONOTONIC, &t1);

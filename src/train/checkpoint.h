@@ -1,8 +1,9 @@
 /* checkpoint: parameter checkpoints (enable_checkpointing, checkpoint_period), placed as
  * MaxText places them: after the update of every step that is a multiple of checkpoint_period,
  * and of the last step, in <base_output_directory>/<run_name>/checkpoints/<step>/model.safetensors.
- * The file holds the fp32 master parameters under Hugging Face's Qwen3 names, so
- * load_parameters_path (and transformers) read it back. It is written whole (a temporary file,
+ * The file holds the fp32 master parameters under Hugging Face's Qwen3 names, with the shape in a
+ * config.json beside it (Qwen3 shapes, with q/k norms), so load_parameters_path reads it back and
+ * transformers' Qwen3ForCausalLM.from_pretrained opens the folder. It is written whole (a temporary file,
  * then a rename) while the steps wait, outside every step's time. Parameters only: AdamW's
  * moments and the step count are not in it, so a run started from one starts its optimizer anew. */
 #ifndef STEPSCOPE_CHECKPOINT_H

@@ -1099,7 +1099,10 @@ def test_checkpoints_load_back(tmp_path, dtype):
               env_extra={"STEPSCOPE_EVENT_LOG": str(log)})
     ckdir = run_dir(tmp_path) / "checkpoints"
     assert sorted(p.relative_to(ckdir).as_posix() for p in ckdir.rglob("*")) == [
-        "0", "0/model.safetensors", "2", "2/model.safetensors", "4", "4/model.safetensors"]   # no temporaries
+        f"{s}{f}" for s in (0, 2, 4) for f in ("", "/config.json", "/model.safetensors")]   # no temporaries
+    hf = json.loads((ckdir / "2" / "config.json").read_text())
+    assert (hf["model_type"], hf["vocab_size"], hf["hidden_size"], hf["num_hidden_layers"], hf["head_dim"],
+            hf["tie_word_embeddings"]) == ("qwen3", 256, 64, 2, 16, True)
     # Hugging Face's names, fp32, every parameter once
     header, data_bytes = safetensors_header(checkpoint_file(tmp_path, 2))
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}

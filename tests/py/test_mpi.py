@@ -158,8 +158,8 @@ def test_checkpoints_of_ranks(tmp_path):
     assert r.stdout.count("checkpoint: step ") == 3
     listing = {run: sorted(p.relative_to(tmp_path / "out" / run / "checkpoints").as_posix()
                            for p in (tmp_path / "out" / run / "checkpoints").rglob("*")) for run in ("one", "many")}
-    assert listing["many"] == listing["one"] == ["0", "0/model.safetensors", "2", "2/model.safetensors", "4",
-                                                 "4/model.safetensors"]
+    assert listing["many"] == listing["one"] == [f"{s}{f}" for s in (0, 2, 4)
+                                                 for f in ("", "/config.json", "/model.safetensors")]
     for step in (0, 2, 4):
         a, b = (read_safetensors_f32(tmp_path / "out" / run / "checkpoints" / str(step) / "model.safetensors")
                 for run in ("one", "many"))

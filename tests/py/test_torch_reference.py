@@ -29,9 +29,10 @@ TORCH_PY = os.environ.get("TORCH_PYTHON", "python3")
 REL_TOL = 1e-4
 
 
-def _torch_available():
+def _imports(*modules):
+    """Whether TORCH_PY imports these modules."""
     try:
-        r = subprocess.run([TORCH_PY, "-c", "import torch, safetensors"], capture_output=True, timeout=120)
+        r = subprocess.run([TORCH_PY, "-c", "import " + ", ".join(modules)], capture_output=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
@@ -39,7 +40,7 @@ def _torch_available():
 
 pytestmark = [
     pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built (run make)"),
-    pytest.mark.skipif(not _torch_available(), reason=f"{TORCH_PY} cannot import torch and safetensors"),
+    pytest.mark.skipif(not _imports("torch", "safetensors"), reason=f"{TORCH_PY} cannot import torch and safetensors"),
 ]
 
 CASES = {
@@ -106,3 +107,54 @@ def test_checkpoint_continues_in_the_reference(tmp_path):
     theirs = json.loads(result.read_text())["steps"][0]["loss"]
     assert abs(theirs - ours[3]) / abs(ours[3]) < REL_TOL, (theirs, ours)
     assert abs(ours[3] - ours[0]) / abs(ours[0]) > 100 * REL_TOL   # the checkpoint is not the initial weights
+
+
+HF_LOSS = r'''
+import json, sys
+import numpy as np, torch
+from transformers import Qwen3ForCausalLM
+folder, ids_path, B, S = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+model = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+ids = np.fromfile(ids_path, dtype="<u4").astype(np.int64)
+rows = torch.tensor(np.stack([ids[w * S:w * S + S + 1] for w in range(B)]))
+with torch.no_grad():
+    logits = model(rows[:, :S]).logits.float()
+loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
+print(json.dumps({"loss": loss.item(), "tied": model.config.tie_word_embeddings}))
+'''
+
+
+@pytest.mark.skipif(not _imports("torch", "transformers"), reason=f"{TORCH_PY} cannot import transformers")
+@pytest.mark.parametrize("shape", [
+    ["model_name=tiny"],
+    ["model_name=tiny", "override_model_config=true", "logits_via_embedding=false", "rope_max_timescale=500000",
+     "normalization_layer_epsilon=1e-5", "base_num_kv_heads=1", "head_dim=24"],
+])
+def test_checkpoint_opens_in_transformers(tmp_path, shape):
+    """A checkpoint folder is a Hugging Face model folder (model.safetensors and config.json):
+    transformers' Qwen3ForCausalLM.from_pretrained opens it as it is and computes, on the batch
+    of step 2 (a token file of exactly B windows: every step reads the same batch), the loss
+    stepscope computed at step 2 from step 1's checkpoint. Tied and untied, with a non-default
+    rope base, eps and head_dim. Same bar as above: float32 rounding and summation order."""
+    B, S = 2, 32
+    np.random.default_rng(3).integers(0, 256, size=B * S + 1, dtype=np.uint32).astype("<u4").tofile(tmp_path / "ids.bin")
+    r = subprocess.run([str(BIN), str(ROOT / "configs" / "base.yml"), *shape, "steps=3", "enable_checkpointing=true",
+                        "checkpoint_period=1", "dataset_type=tokens", f"dataset_path={tmp_path / 'ids.bin'}",
+                        f"per_device_batch_size={B}", f"max_target_length={S}",
+                        f"base_output_directory={tmp_path / 'out'}", "run_name=r", "profiler=",
+                        "enable_tensorboard=false", "device_peak_tflops=0.446", "num_threads=1"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    ours = [json.loads(line)["learning/loss"]
+            for line in (tmp_path / "out" / "r" / "metrics.jsonl").read_text().splitlines()]
+    folder = tmp_path / "out" / "r" / "checkpoints" / "1"
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    r = subprocess.run([TORCH_PY, "-c", HF_LOSS, str(folder), str(tmp_path / "ids.bin"), str(B), str(S)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    hf = json.loads(r.stdout.strip().splitlines()[-1])
+    assert hf["tied"] == ("logits_via_embedding=false" not in shape)
+    print(f"transformers {hf['loss']!r}, stepscope {ours[2]!r}, relative {abs(hf['loss'] - ours[2]) / ours[2]:.2e}",
+          file=sys.stderr)
+    assert abs(hf["loss"] - ours[2]) / abs(ours[2]) < REL_TOL, (hf, ours)
+    assert abs(ours[2] - ours[0]) / abs(ours[0]) > 100 * REL_TOL   # trained: not the initial weights
