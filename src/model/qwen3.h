@@ -74,7 +74,9 @@ void qwen3_params_free(qwen3_params_t *v);
 void qwen3_init_params(float *base, const qwen3_dims_t *d, uint64_t seed);
 
 /* Load Hugging Face names from a safetensors file (F32/BF16/F16/F64). A missing, extra or
- * misshapen tensor, or a malformed file, fails with one line in err naming it. */
+ * misshapen tensor, or a malformed file, fails with one line in err naming it. base NULL: the
+ * same checks (the header, names, shapes, dtypes) and nothing copied, for a run to say before
+ * its set-up that the file will not load. */
 int qwen3_load_safetensors(float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen);
 int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen);
 

@@ -89,6 +89,22 @@ static int write_hf_config(const char *folder, const qwen3_dims_t *d, int64_t ma
     return atomic_write_file(path, json, (size_t)n, err, errlen);
 }
 
+int checkpoint_parameters_file(const char *path, char *out, size_t n, char *err, size_t errlen) {
+    struct stat st;
+    bool folder = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    int k = folder ? snprintf(out, n, "%s/model.safetensors", path) : snprintf(out, n, "%s", path);
+    if (k < 0 || (size_t)k >= n) {
+        snprintf(err, errlen, "load_parameters_path=%s is too long", path);
+        return -1;
+    }
+    if (folder && stat(out, &st) != 0) {
+        snprintf(err, errlen, "load_parameters_path=%s is a folder without model.safetensors; name the file, or a "
+                 "checkpoint's folder", path);
+        return -1;
+    }
+    return 0;
+}
+
 int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params, int64_t step,
                      checkpoint_written_t *out, char *err, size_t errlen) {
     struct timespec t0, t1;

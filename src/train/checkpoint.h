@@ -37,6 +37,10 @@ int checkpoint_path(char *out, size_t n, const config_t *cfg, int64_t step);
 int checkpoint_check(const config_t *cfg, const qwen3_dims_t *d, char *err, size_t errlen);
 int checkpoint_check_space(const config_t *cfg, const qwen3_dims_t *d, uint64_t available_bytes, char *err,
                            size_t errlen);
+/* The file load_parameters_path names: the path itself, or <folder>/model.safetensors where it
+ * is a folder (a checkpoint's, or any Hugging Face model folder). 0, or -1 with one line in err. */
+int checkpoint_parameters_file(const char *path, char *out, size_t n, char *err, size_t errlen);
+
 /* Write the parameters after `step`'s update. 0, or -1 with one line in err (nothing left but
  * the folders). */
 int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params, int64_t step,

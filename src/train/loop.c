@@ -461,6 +461,12 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         rc = LOOP_FAILED;
     if (rc == LOOP_OK && writer && cfg->enable_checkpointing && checkpoint_check(cfg, &plan->dims, err, errlen) != 0)
         rc = LOOP_FAILED;
+    if (rc == LOOP_OK && cfg->load_parameters_path[0]) { /* its header, names and shapes: the data loads in set-up */
+        char params_file[4096];
+        if (checkpoint_parameters_file(cfg->load_parameters_path, params_file, sizeof params_file, err, errlen) != 0 ||
+            qwen3_load_safetensors(NULL, &plan->dims, params_file, err, errlen) != 0)
+            rc = LOOP_FAILED;
+    }
     g_report = report;
     if ((rc = comm_agree(world, rc, err)) != LOOP_OK) {
         err[0] = '\0';

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "train/checkpoint.h"
 #include "util/arena.h"
 
 static float *alloc_floats(uint64_t bytes, const char *what, char *err, size_t errlen) {
@@ -43,8 +44,10 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         train_state_destroy(s);
         return 1;
     }
+    char params_file[4096];
     if (cfg->load_parameters_path[0]) {
-        if (qwen3_load_safetensors(s->params, d, cfg->load_parameters_path, err, errlen) != 0) {
+        if (checkpoint_parameters_file(cfg->load_parameters_path, params_file, sizeof params_file, err, errlen) != 0 ||
+            qwen3_load_safetensors(s->params, d, params_file, err, errlen) != 0) {
             train_state_destroy(s);
             return 1;
         }

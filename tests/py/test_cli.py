@@ -1136,6 +1136,9 @@ def test_checkpoints_load_back(tmp_path, dtype):
           run_name="from2")
     _, raw2 = read_metrics(tmp_path, "from2")
     assert raw_losses(raw2)[0] == raw_losses(raw)[3]
+    # the folder names its model.safetensors, as a Hugging Face model folder does
+    train(tmp_path, "steps=1", f"dtype={dtype}", f"load_parameters_path={ckdir / '2'}", run_name="from2dir")
+    assert raw_losses(read_metrics(tmp_path, "from2dir")[1])[0] == raw_losses(raw)[3]
     # off by default: no folder
     train(tmp_path, "steps=2", run_name="off")
     assert not (run_dir(tmp_path, "off") / "checkpoints").exists()
@@ -1155,6 +1158,17 @@ def test_checkpoints_that_cannot_be_kept_are_refused_before_set_up(tmp_path):
     assert "the run's 1000000 checkpoints" in r.stderr and "2.221 GiB each" in r.stderr, r.stderr
     assert "raise checkpoint_period, lower steps or free space" in r.stderr
     assert "set-up:" not in r.stdout
+    assert not run_dir(tmp_path, "big").exists()
+
+
+def test_parameters_file_is_checked_before_set_up(tmp_path):
+    # a tiny model's checkpoint handed to qwen3-0.6b: refused from its header, before the 10 GiB
+    # set-up, naming the first tensor that does not match
+    train(tmp_path, "steps=1", "enable_checkpointing=true")
+    r = stepscope(tmp_path, *FAST[1:], "model_name=qwen3-0.6b", "run_name=big",
+                  f"load_parameters_path={checkpoint_file(tmp_path, 0)}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "model.embed_tokens.weight" in r.stderr and "set-up:" not in r.stdout, r.stdout + r.stderr
     assert not run_dir(tmp_path, "big").exists()
 
 

@@ -297,7 +297,7 @@ BAD_INPUTS = [
     ("safetensors dropped tensor", _st(_edit_header(_drop("model.layers.0.mlp.up_proj.weight"))), 1,
      ["belong to no tensor"]),
     ("safetensors not JSON", _st(lambda p: p.write_bytes(struct.pack("<Q", 8) + b"{'a': 1}")), 1, ["not valid JSON"]),
-    ("safetensors is a folder", lambda d: [str(CONFIG), *FAST, f"load_parameters_path={d}"], 1, ["not a regular file"]),
+    ("safetensors is a folder", lambda d: [str(CONFIG), *FAST, f"load_parameters_path={d}"], 1, ["is a folder without model.safetensors"]),
     # token files
     ("tokens missing", lambda d: [str(CONFIG), *FAST, "dataset_type=tokens", f"dataset_path={d / 'no.bin'}"], 1,
      ["no.bin", "cannot open"]),
