@@ -29,6 +29,12 @@ struct report {
     tfevents_t *tb;
     double *seconds; /* per logged step */
     int64_t num_logged, cap;
+    /* Evaluations' forward rates (tokens/s/device) and checkpoints' write seconds, in the same
+     * allocation as seconds (cap each), for the summary's medians. */
+    double *eval_rates, *checkpoint_seconds;
+    int64_t evals, checkpoints, last_eval_step;
+    double last_eval_loss, eval_rate_median, checkpoint_seconds_median; /* medians: set by report_summary */
+    uint64_t checkpoint_bytes;
     double last_loss;
     bool warned_peak; /* an MFU over 100% has been pointed out */
     double probe_before, probe_after; /* report_set_machine_probes; 0 = not probed */
@@ -128,7 +134,9 @@ int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double 
     r->plan = *plan;
     r->peak_tflops = peak_tflops;
     r->cap = cfg->steps;
-    r->seconds = calloc((size_t)r->cap, sizeof(double));
+    r->seconds = calloc(3 * (size_t)r->cap, sizeof(double));
+    r->eval_rates = r->seconds ? r->seconds + r->cap : NULL;
+    r->checkpoint_seconds = r->seconds ? r->seconds + 2 * r->cap : NULL;
     if (cfg->metrics_file[0]) snprintf(r->metrics_path, sizeof r->metrics_path, "%s", cfg->metrics_file);
     else snprintf(r->metrics_path, sizeof r->metrics_path, "%s/%s/metrics.jsonl", cfg->base_output_directory, cfg->run_name);
     snprintf(r->partial_path, sizeof r->partial_path, "%s.partial", r->metrics_path);
@@ -291,6 +299,15 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
         }
     }
     if (r->num_logged < r->cap) r->seconds[r->num_logged++] = rec->seconds;
+    if (rec->eval_batches && r->evals < r->cap) {
+        r->eval_rates[r->evals++] = (double)(rec->eval_batches * r->plan.tokens_per_device) / rec->eval_seconds;
+        r->last_eval_loss = rec->eval_loss;
+        r->last_eval_step = rec->step;
+    }
+    if (rec->checkpoint_bytes && r->checkpoints < r->cap) {
+        r->checkpoint_seconds[r->checkpoints++] = rec->checkpoint_seconds;
+        r->checkpoint_bytes = rec->checkpoint_bytes;
+    }
     r->last_loss = rec->loss;
     return 0;
 }
@@ -323,6 +340,17 @@ static bool probe_moved(const report_t *r) {
 static const double OTHER_LOAD_CORES = 0.1;
 static bool loaded(const report_t *r) { return r->others_cores + r->steal_cores > OTHER_LOAD_CORES; }
 
+/* The median of x[0..n) (n >= 1), sorting x in place. */
+static double median_sorting(double *x, int64_t n) {
+    qsort(x, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* The evaluations' forward: a third of a training step's FLOPs a batch (MaxText's count). */
+static double eval_tflops_s(const report_t *r, double tokens_s) {
+    return r->plan.tflops_per_device / 3.0 * tokens_s / (double)r->plan.tokens_per_device;
+}
+
 void report_summary(report_t *r, FILE *out) {
     int64_t n = r->num_logged - 1; /* step 0 pays one-time costs: left out */
     if (n < 1) {
@@ -335,8 +363,7 @@ void report_summary(report_t *r, FILE *out) {
         return;
     }
     memcpy(s, r->seconds + 1, (size_t)n * sizeof(double));
-    qsort(s, (size_t)n, sizeof(double), cmp_double);
-    r->median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    r->median = median_sorting(s, n);
     r->fastest = s[0], r->slowest = s[n - 1];
     r->summarised = true;
     free(s);
@@ -347,6 +374,21 @@ void report_summary(report_t *r, FILE *out) {
     fprintf(out, "  TFLOP/s/device  %.4f (%.4f TFLOP per step, MaxText's count)\n", tflops_s, r->plan.tflops_per_device);
     if (r->peak_tflops > 0)
         fprintf(out, "  MFU             %.2f%% of %.4f TFLOP/s\n", 100.0 * tflops_s / r->peak_tflops, r->peak_tflops);
+    if (r->evals) {
+        double rate = r->eval_rate_median = median_sorting(r->eval_rates, r->evals), ev_tflops = eval_tflops_s(r, rate);
+        fprintf(out, "  evaluation      %lld, the last after step %lld: average loss %.4f; forward %.1f tokens/s/device, "
+                     "%.4f TFLOP/s/device",
+                (long long)r->evals, (long long)r->last_eval_step, r->last_eval_loss, rate, ev_tflops);
+        if (r->peak_tflops > 0) fprintf(out, ", MFU %.2f%%", 100.0 * ev_tflops / r->peak_tflops);
+        fprintf(out, " (median)\n");
+    }
+    if (r->checkpoints) {
+        double secs = r->checkpoint_seconds_median = median_sorting(r->checkpoint_seconds, r->checkpoints);
+        bool gib = r->checkpoint_bytes >= (uint64_t)GIB;
+        fprintf(out, "  checkpoints     %lld written, %.3f %s each, %.3f s (%.3f GB/s) median, outside the step times\n",
+                (long long)r->checkpoints, (double)r->checkpoint_bytes / (gib ? GIB : 1048576.0), gib ? "GiB" : "MiB", secs,
+                (double)r->checkpoint_bytes / secs / 1e9);
+    }
     /* Read now, so the peak covers the whole run so far, steps and set-up alike. */
     memstat_t mem;
     r->memory_measured = memstat_read(&mem);
@@ -409,6 +451,18 @@ static int write_summary_json(FILE *f, void *ctx, char *err, size_t errlen) {
     if (r->load_measured)
         fprintf(f, "  \"machine/others_cores\": %.9g,\n  \"machine/steal_cores\": %.9g,\n  \"machine/other_load\": %s,\n",
                 r->others_cores, r->steal_cores, loaded(r) ? "true" : "false");
+    if (r->evals) {
+        double rate = r->eval_rate_median;
+        fprintf(f, "  \"eval/count\": %lld,\n  \"eval/last_step\": %lld,\n  \"eval/last_avg_loss\": %s,\n"
+                   "  \"eval/per_device_tokens_per_sec_median\": %.9g,\n  \"eval/per_device_tflops_per_sec_median\": %.9g,\n",
+                (long long)r->evals, (long long)r->last_eval_step, json_number(num, sizeof num, r->last_eval_loss), rate,
+                eval_tflops_s(r, rate));
+    }
+    if (r->checkpoints) {
+        double secs = r->checkpoint_seconds_median;
+        fprintf(f, "  \"checkpoint/count\": %lld,\n  \"checkpoint/bytes\": %llu,\n  \"checkpoint/write_seconds_median\": %.9g,\n",
+                (long long)r->checkpoints, (unsigned long long)r->checkpoint_bytes, secs);
+    }
     if (r->memory_measured) {
         fprintf(f, "  \"memory/peak_rss_gib\": %.9g,\n  \"memory/plan_gib\": %.9g,\n  \"memory/peak_rss_to_plan\": %.9g,\n",
                 (double)r->peak_rss_bytes / GIB, (double)r->plan.total_bytes / GIB,

@@ -1131,6 +1131,13 @@ def test_checkpoints_load_back(tmp_path, dtype):
             assert m["checkpoint/bytes"] == checkpoint_file(tmp_path, m["step"]).stat().st_size
             assert m["checkpoint/write_seconds"] > 0
     assert f"{ckdir}/ (3 parameter checkpoints, the last after step 4: load_parameters_path=" in r.stdout
+    # the summary: how many, their size, the median write
+    size = checkpoint_file(tmp_path, 4).stat().st_size
+    summ = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    assert (summ["checkpoint/count"], summ["checkpoint/bytes"]) == (3, size)
+    writes = sorted(m["checkpoint/write_seconds"] for m in recs if "checkpoint/bytes" in m)
+    assert abs(summ["checkpoint/write_seconds_median"] - writes[1]) <= 1e-6
+    assert f"  checkpoints     3 written, {size / 2**20:.3f} MiB each, " in r.stdout
     # loaded back
     train(tmp_path, "steps=1", f"dtype={dtype}", f"load_parameters_path={checkpoint_file(tmp_path, 2)}",
           run_name="from2")
@@ -1220,6 +1227,13 @@ def test_evaluation_is_the_forward_loss_of_its_parameters(tmp_path, dtype):
         ev = next(l for l in lines[i + 1:i + 3] if l.startswith("eval:"))
         assert ev.startswith(f"eval: after step {s}, average loss ") and "over 1024 tokens (2 batches)" in ev, ev
         assert ev.endswith("outside the step times")
+    # the summary: how many, the last, the forward's median rate
+    summ = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    evals = [m for m in recs if "eval/avg_loss" in m]
+    assert (summ["eval/count"], summ["eval/last_step"], summ["eval/last_avg_loss"]) == (2, 3, evals[1]["eval/avg_loss"])
+    rates = sorted(m["eval/per_device_tokens_per_sec"] for m in evals)
+    assert abs(summ["eval/per_device_tokens_per_sec_median"] - (rates[0] + rates[1]) / 2) <= 1e-3 * rates[1]
+    assert "  evaluation      2, the last after step 3: average loss " in r.stdout
     train(tmp_path, "steps=1", f"dtype={dtype}", "data_seed=1", f"load_parameters_path={checkpoint_file(tmp_path, 1)}",
           run_name="b")
     _, raw_b = read_metrics(tmp_path, "b")
