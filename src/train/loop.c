@@ -19,6 +19,7 @@
 #include "profile/trace.h"
 #include "profile/xplane.h"
 #include "train/checkpoint.h"
+#include "train/loop_console.h"
 #include "train/state.h"
 #include "util/atomic_file.h"
 #include "util/cpustat.h"
@@ -201,11 +202,6 @@ static void hostname_for_files(char *out, size_t n) {
         if (*c == ':' || *c == '/') *c = '_';
 }
 
-typedef struct profile_files {
-    char dir[4096], xplane[4400], trace[4400], summary[4400];
-    int written;
-} profile_files_t;
-
 static int write_profile(loop_t *l, double peak_tflops, profile_files_t *pf, char *err, size_t errlen) {
     char stamp[32], host[256], summary_name[64] = "op_summary.json";
     struct tm tm;
@@ -295,64 +291,6 @@ static size_t events_per_step(const plan_t *p) {
     return (size_t)(64 * p->dims.L + 8 * chunks + 64);
 }
 
-/* Start-up line of a multi-rank run: who is there and what each rank keeps. */
-static void print_ranks(const loop_t *l) {
-    const plan_t *p = l->plan;
-    char lib[160];
-    const double mib = 1048576.0;
-    uint64_t full = 2 * (uint64_t)p->num_params * sizeof(float);
-    printf("ranks: %d (%s), global batch %lld = %d ranks x %lld per device\n", p->num_ranks,
-           comm_describe(l->world, lib, sizeof lib), (long long)p->dims.B * p->num_ranks, p->num_ranks,
-           (long long)p->dims.B);
-    printf("optimizer state: AdamW m and v sharded over %d rank%s (ici_fsdp_parallelism), %d cop%s "
-           "(dcn_data_parallelism): %.3f MiB per rank of %.3f MiB in all; gradients reduce-scattered in "
-           "%lld layer buckets while backward runs\n",
-           p->shard_ranks, p->shard_ranks == 1 ? "" : "s", p->replica_groups, p->replica_groups == 1 ? "y" : "ies",
-           (double)p->optimizer_bytes / mib, (double)full / mib, (long long)p->dims.L + 2);
-}
-
-/* Closing line of a multi-rank run: the traffic against theory, and how much of it the
- * step waited for. */
-static void print_comm(const loop_t *l) {
-    if (!l->state.zero) return;
-    zero_stats_t z = zero_stats(l->state.zero), b = l->comm_after_step0;
-    z.steps -= b.steps;
-    z.bytes_sent -= b.bytes_sent;
-    z.busy_ns -= b.busy_ns;
-    z.wait_ns -= b.wait_ns;
-    if (z.steps < 1) return;
-    const plan_t *p = l->plan;
-    double N = (double)p->num_ranks, grad_bytes = (double)p->num_params * sizeof(float);
-    double per_step = (double)z.bytes_sent / (double)z.steps, theory = 2.0 * (N - 1.0) / N * grad_bytes;
-    printf("collectives: %.0f bytes sent per step per rank (ring model; 2(N-1)/N x %.0f gradient bytes = %.0f), "
-           "communication thread busy %.3f ms/step, step waited %.3f ms/step for it (steps 1..)\n",
-           per_step, grad_bytes, theory, (double)z.busy_ns / (double)z.steps * 1e-6,
-           (double)z.wait_ns / (double)z.steps * 1e-6);
-}
-
-/* The line under a step's own that says what its checkpoint took. */
-static void print_checkpoint(const config_t *cfg, const step_record_t *rec) {
-    char path[4096];
-    checkpoint_path(path, sizeof path, cfg, rec->step);
-    bool gib = rec->checkpoint_bytes >= 1073741824u;
-    printf("checkpoint: step %lld's parameters, %.3f %s in %.3f s (%.3f GB/s), outside the step times: %s\n",
-           (long long)rec->step, (double)rec->checkpoint_bytes / (gib ? 1073741824.0 : 1048576.0), gib ? "GiB" : "MiB",
-           rec->checkpoint_seconds, (double)rec->checkpoint_bytes / rec->checkpoint_seconds / 1e9, path);
-}
-
-/* The line under a step's own that says what its evaluation found and took. A batch's forward is
- * a third of a training step's FLOPs in MaxText's count (6·N·T and attention's, each 3 × the
- * forward's), so its TFLOP/s and MFU compare with the steps'. */
-static void print_eval(const plan_t *plan, double peak_tflops, const step_record_t *rec) {
-    double tflops_s = plan->tflops_per_device / 3.0 * (double)rec->eval_batches / rec->eval_seconds;
-    printf("eval: after step %lld, average loss %.4f over %lld tokens (%lld batches), %.3f s, %.1f tokens/s/device, "
-           "%.3f TFLOP/s/device, MFU %.2f%%, outside the step times\n",
-           (long long)rec->step, rec->eval_loss, (long long)(rec->eval_batches * plan->tokens_per_device * plan->num_ranks),
-           (long long)rec->eval_batches, rec->eval_seconds,
-           (double)(rec->eval_batches * plan->tokens_per_device) / rec->eval_seconds, tflops_s,
-           peak_tflops > 0 ? 100.0 * tflops_s / peak_tflops : 0.0);
-}
-
 /* A write the steps wait for (the profile, a checkpoint), read on the machine's CPU counters so
  * that the other-load window, once open, leaves it out: the kernel's threads do part of its
  * writeback, which is busy time but no neighbour's. */
@@ -370,30 +308,6 @@ static pause_t pause_begin(bool window_open) {
 static void pause_end(const pause_t *p, cpustat_t *window_start) {
     cpustat_t end;
     if (p->read && cpustat_read(&end)) cpustat_leave_out(window_start, &p->start, &end);
-}
-
-typedef struct checkpoints_written {
-    int64_t count, last_step;
-} checkpoints_written_t;
-
-static void print_files(const report_t *r, const profile_files_t *pf, const checkpoints_written_t *ck,
-                        const config_t *cfg) {
-    printf("files written:\n  %s\n", report_metrics_path(r));
-    if (report_summary_path(r)) printf("  %s\n", report_summary_path(r));
-    if (report_tensorboard_dir(r)) printf("  %s/ (TensorBoard scalars)\n", report_tensorboard_dir(r));
-    if (ck->count) {
-        char dir[4096];
-        checkpoint_path(dir, sizeof dir, cfg, -1);
-        printf("  %s/ (%lld parameter checkpoint%s, the last after step %lld: load_parameters_path=%s/%lld/model.safetensors)\n",
-               dir, (long long)ck->count, ck->count == 1 ? "" : "s", (long long)ck->last_step, dir,
-               (long long)ck->last_step);
-    }
-    if (pf->written) {
-        printf("  %s\n  %s\n  %s\n", pf->xplane, pf->trace, pf->summary);
-        printf("open the profile: xprof --logdir=%s/%s/tensorboard --port=6006  (or tensorboard --logdir=... with the "
-               "xprof plugin), or load %s in https://ui.perfetto.dev\n",
-               cfg->base_output_directory, cfg->run_name, pf->trace);
-    }
 }
 
 int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
@@ -451,7 +365,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         printf("stepscope: %s, %lld parameters, %.4f TFLOP per step per device, %d compute threads, memory plan %.3f GiB%s\n",
                cfg->model_name, (long long)plan->num_params, plan->tflops_per_device, plan->num_threads,
                (double)plan->total_bytes / 1073741824.0, multi ? " per rank" : "");
-        if (multi) print_ranks(&l);
+        if (multi) console_ranks(plan, world);
         peak = resolve_peak(cfg, plan->num_threads, &probe_before);
     }
     /* The data source and the output files are opened before set-up, which touches every planned
@@ -475,26 +389,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     train_parallel_t par = {.world = world, .shard = l.shard, .replica = l.replica, .comm_lane = LANE_COMM,
                             .compute_lane = LANE_COMPUTE};
     if (rc == LOOP_OK && train_state_create(&l.state, cfg, plan, l.trace, &par, err, errlen) != 0) rc = LOOP_FAILED;
-    if (rc == LOOP_OK && writer) {
-        printf("matmul library: %s\n", gemm_library_detail(l.state.gemm));
-        if (plan->bf16) printf("bf16 matmuls: %s\n", gemm_bf16_detail(l.state.gemm));
-        printf("attention block products: %s\n", qwen3_attention_blocks(l.state.model));
-        printf("activation rows: %s (row_padding=%s)\n",
-               qwen3_rows_detail(l.state.model), cfg->row_padding);
-        /* The plan's buffers are all touched by now: what is resident beyond them is the binary,
-         * the libraries and their own allocations. */
-        memstat_t mem;
-        if (memstat_read(&mem))
-            printf("resident memory after set-up: %.3f GiB%s, %.3fx the plan's %.3f GiB\n", (double)mem.rss_bytes / 1073741824.0,
-                   multi ? " (rank 0)" : "", (double)mem.rss_bytes / (double)plan->total_bytes,
-                   (double)plan->total_bytes / 1073741824.0);
-        const train_state_t *st = &l.state;
-        printf("set-up: %.3f GiB of buffers mapped and touched in %.2f s (%.2f GB/s of first-touch page faults), "
-               "parameters %s in %.2f s\n",
-               (double)st->setup_touched_bytes / 1073741824.0, st->setup_touch_s,
-               st->setup_touch_s > 0 ? (double)st->setup_touched_bytes / st->setup_touch_s / 1e9 : 0.0,
-               cfg->load_parameters_path[0] ? "loaded" : "initialised", st->setup_params_s);
-    }
+    if (rc == LOOP_OK && writer) console_setup(cfg, plan, &l.state, multi);
     if (rc == LOOP_OK) rc = interrupted_in_setup(err, errlen);
     /* Every rank is ready, or none starts. */
     if ((rc = comm_agree(world, rc, err)) != LOOP_OK) {
@@ -573,8 +468,8 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             rec.memory_measured = memstat_read(&mem);
             rec.rss_bytes = mem.rss_bytes, rec.peak_rss_bytes = mem.peak_rss_bytes;
             if (rc == LOOP_OK && report && report_step(report, &rec, err, errlen) != 0) rc = LOOP_FAILED;
-            if (report && rec.checkpoint_bytes) print_checkpoint(cfg, &rec);
-            if (report && rec.eval_batches) print_eval(plan, peak, &rec);
+            if (report && rec.checkpoint_bytes) console_checkpoint(cfg, &rec);
+            if (report && rec.eval_batches) console_eval(plan, peak, &rec);
             if (rc == LOOP_OK && ((isnan(rec.loss) && cfg->abort_on_nan_loss) || (isinf(rec.loss) && cfg->abort_on_inf_loss))) {
                 snprintf(err, errlen, "loss is %s at step %lld; the run diverged: lower learning_rate or set "
                          "gradient_clipping_threshold (abort_on_nan_loss/abort_on_inf_loss=false to continue)",
@@ -627,7 +522,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     if (report && probe_before > 0 && rc == LOOP_OK && l.completed >= 1)
         report_set_machine_probes(report, probe_before, probe_cores(cfg, plan->num_threads));
     if (report) report_summary(report, stdout);
-    if (writer) print_comm(&l);
+    if (writer && l.state.zero) console_comm(plan, l.state.zero, l.comm_after_step0);
     if (writer && l.trace && pf.written) {
         summary_t s;
         if (summary_compute(l.trace, l.profile_first, l.profile_last, peak * 1000.0, &s) == 0) {
@@ -643,7 +538,7 @@ done:
         if (g_signal && rc == LOOP_OK) rc = interrupted_in_setup(err, errlen); /* not said yet */
     } else if (report) {
         char cerr[512];
-        print_files(report, &pf, &checkpoints, cfg);
+        console_files(report, &pf, &checkpoints, cfg);
         if (report_close(report, cerr, sizeof cerr) != 0 && rc == LOOP_OK) {
             snprintf(err, errlen, "%s", cerr);
             rc = LOOP_FAILED;
