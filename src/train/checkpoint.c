@@ -120,13 +120,17 @@ int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *pa
         snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
         return -1;
     }
-    /* Qwen3 has the per-head q/k norms; without them the shape is no Hugging Face model. The
-     * positions: Qwen3's own 40960, or the run's length where longer. */
-    if (d->qk_norm && write_hf_config(path, d, cfg->max_target_length > 40960 ? cfg->max_target_length : 40960, err,
-                                      errlen) != 0)
-        return -1;
     *slash = '/';
     if (qwen3_save_safetensors(params, d, path, err, errlen) != 0) return -1;
+    /* After the weights, so that a folder with a config.json (what Hugging Face's readers look
+     * for) is a whole checkpoint. Qwen3 has the per-head q/k norms; without them the shape is no
+     * Hugging Face model. The positions: Qwen3's own 40960, or the run's length where longer. */
+    *slash = '\0';
+    int rc = d->qk_norm ? write_hf_config(path, d, cfg->max_target_length > 40960 ? cfg->max_target_length : 40960,
+                                          err, errlen)
+                        : 0;
+    *slash = '/';
+    if (rc != 0) return -1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     struct stat st;
     *out = (checkpoint_written_t){.step = step,
