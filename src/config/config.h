@@ -57,6 +57,7 @@ typedef struct config {
     /* outputs */
     bool enable_checkpointing;
     int64_t checkpoint_period;
+    bool async_checkpointing; /* false only */
     char load_parameters_path[CONFIG_STR_MAX];
     char metrics_file[CONFIG_STR_MAX]; /* "" = <base_output_directory>/<run_name>/metrics.jsonl */
     bool enable_tensorboard;

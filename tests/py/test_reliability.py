@@ -247,6 +247,7 @@ BAD_INPUTS = [
     ("not supported: bf16 master weights", _args("weight_dtype=bfloat16"), 2, ["weight_dtype=bfloat16", "float32"]),
     ("not allowed: remat policy", _args("remat_policy=partial"), 2, ["remat_policy=partial", "minimal"]),
     ("checkpoint period zero", _args("enable_checkpointing=true", "checkpoint_period=0"), 2, ["checkpoint_period=0"]),
+    ("not supported: async checkpoints", _args("async_checkpointing=true"), 2, ["async_checkpointing", "between steps"]),
     ("eval interval zero", _args("eval_interval=0"), 2, ["eval_interval=0", "-1"]),
     ("eval steps zero", _args("eval_interval=2", "eval_steps=0"), 2, ["eval_steps=0"]),
     ("eval path without tokens", _args("eval_dataset_path=e.bin"), 2, ["eval_dataset_path=e.bin", "dataset_type=tokens"]),
@@ -343,7 +344,7 @@ def test_bad_input_refused(tmp_path, setup, code, needles, build):
 
 def test_bad_input_count():
     # the README's reliability table quotes this number
-    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 75
+    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 76
 
 
 # ---- 2. faults: a full disk, a read-only folder, truncated inputs -----------------------------
