@@ -70,7 +70,7 @@ typedef struct loop {
     int64_t eval_batches_read;
     trace_t *trace;
     int64_t profile_first, profile_last; /* -1 when not profiling */
-    uint32_t span_train, span_data_wait;
+    uint32_t span_train, span_data_wait, span_eval, span_checkpoint;
     /* shared between the threads, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -99,9 +99,11 @@ static bool eval_due(const config_t *cfg, int64_t step) {
     return cfg->eval_interval > 0 && step > 0 && (step + 1) % cfg->eval_interval == 0;
 }
 
-/* eval_steps batches, forward and loss only, on the compute thread between two steps; the
- * profiler does not record it (its window holds training steps only). */
+/* eval_steps batches, forward and loss only, on the compute thread between two steps. In the
+ * profiler's window it is one span, its kernels unrecorded: the window's kernels are the
+ * training steps'. */
 static void evaluate(loop_t *l, step_record_t *rec) {
+    int64_t span = trace_begin(l->trace);
     bool recording = l->trace && l->trace->recording;
     if (recording) trace_set_recording(l->trace, false);
     int64_t t0 = now_ns();
@@ -114,7 +116,10 @@ static void evaluate(loop_t *l, step_record_t *rec) {
     rec->eval_seconds = (double)(now_ns() - t0) * 1e-9;
     rec->eval_batches = l->cfg->eval_steps;
     rec->eval_loss = sum / (double)l->cfg->eval_steps;
-    if (recording) trace_set_recording(l->trace, true);
+    if (recording) {
+        trace_set_recording(l->trace, true);
+        trace_end(l->trace, LANE_COMPUTE, l->span_eval, span, 0);
+    }
 }
 
 static void *compute_main(void *arg) {
@@ -171,6 +176,7 @@ static void *compute_main(void *arg) {
             /* Rank 0's host thread writes it; every rank starts its next step, and its clock,
              * after it, so no step time holds the write or a wait for it. */
             bool failed = false;
+            int64_t span = trace_begin(l->trace);
             if (l->rank == 0) {
                 l->checkpoint_pending = step + 1;
                 pthread_cond_broadcast(&l->cv);
@@ -183,6 +189,7 @@ static void *compute_main(void *arg) {
                 pthread_mutex_lock(&l->mu);
             }
             if (failed) l->stop_requested = 1;
+            trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint, span, 0);
             end = now_ns();
         }
         pthread_mutex_unlock(&l->mu);
@@ -358,6 +365,9 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             if (multi) trace_set_lane(l.trace, LANE_COMM, "collectives (communication thread)", LANE_COMM + 1);
             l.span_train = trace_intern(l.trace, "train", TRACE_CAT_STEP, NULL);
             l.span_data_wait = trace_intern(l.trace, "data wait", TRACE_CAT_DATA, "data");
+            /* Between two steps, outside both: the profile says what the gap between them was. */
+            l.span_eval = trace_intern(l.trace, "evaluation (between steps)", TRACE_CAT_OTHER, "evaluation");
+            l.span_checkpoint = trace_intern(l.trace, "checkpoint write (between steps)", TRACE_CAT_OTHER, "checkpoint");
         }
     }
     double peak = 0.0, probe_before = 0.0;
