@@ -40,6 +40,8 @@ struct report {
     double probe_before, probe_after; /* report_set_machine_probes; 0 = not probed */
     bool load_measured;               /* report_set_other_load */
     double others_cores, steal_cores;
+    bool run_time_set;                /* report_set_run_time */
+    run_time_t run_time;
     /* What report_summary printed, for summary.json at report_close. */
     bool summarised, memory_measured;
     double median, fastest, slowest;
@@ -317,6 +319,11 @@ void report_set_machine_probes(report_t *r, double before, double after) {
     r->probe_after = after;
 }
 
+void report_set_run_time(report_t *r, const run_time_t *t) {
+    r->run_time_set = true;
+    r->run_time = *t;
+}
+
 void report_set_other_load(report_t *r, double others_cores, double steal_cores) {
     r->load_measured = true;
     r->others_cores = others_cores;
@@ -416,6 +423,15 @@ void report_summary(report_t *r, FILE *out) {
                 r->probe_after, r->probe_after / r->probe_before, r->probe_before,
                 probe_moved(r) ? ": the cores' pace moved during the run, so compare its step times with another run's with care"
                                : "");
+    if (r->run_time_set) {
+        const run_time_t *t = &r->run_time;
+        double between = t->evaluation_s + t->checkpoints_s + t->profile_s;
+        fprintf(out, "  run time        %.2f s wall: %.2f s before step 0 (probes, data, set-up), %.2f s in steps 0..%lld, "
+                     "%.2f s between them (evaluation %.2f, checkpoints %.2f, profile %.2f), %.2f s after (the closing probe, the "
+                     "last reads)\n",
+                t->wall_s, t->before_steps_s, t->steps_s, (long long)n, between, t->evaluation_s, t->checkpoints_s,
+                t->profile_s, t->wall_s - t->before_steps_s - t->steps_s - between);
+    }
 }
 
 /* summary.json: the summary's figures, unrounded, for scripts that compare runs. */
@@ -451,6 +467,12 @@ static int write_summary_json(FILE *f, void *ctx, char *err, size_t errlen) {
     if (r->load_measured)
         fprintf(f, "  \"machine/others_cores\": %.9g,\n  \"machine/steal_cores\": %.9g,\n  \"machine/other_load\": %s,\n",
                 r->others_cores, r->steal_cores, loaded(r) ? "true" : "false");
+    if (r->run_time_set)
+        fprintf(f, "  \"time/wall_seconds\": %.9g,\n  \"time/before_steps_seconds\": %.9g,\n  \"time/steps_seconds\": %.9g,\n"
+                   "  \"time/evaluation_seconds\": %.9g,\n  \"time/checkpoint_seconds\": %.9g,\n"
+                   "  \"time/profile_write_seconds\": %.9g,\n",
+                r->run_time.wall_s, r->run_time.before_steps_s, r->run_time.steps_s, r->run_time.evaluation_s,
+                r->run_time.checkpoints_s, r->run_time.profile_s);
     if (r->evals) {
         double rate = r->eval_rate_median;
         fprintf(f, "  \"eval/count\": %lld,\n  \"eval/last_step\": %lld,\n  \"eval/last_avg_loss\": %s,\n"

@@ -44,6 +44,14 @@ void report_set_machine_probes(report_t *r, double before, double after);
 /* What other processes and the hypervisor took of the cores while the summarised steps ran, in
  * cores (util/cpustat.h), for the summary's "other load" line. */
 void report_set_other_load(report_t *r, double others_cores, double steal_cores);
+/* Where the run's wall time went, in seconds: before step 0 (probes, data, output files,
+ * set-up), in the steps (their times summed, step 0's too), between them (evaluations,
+ * checkpoint writes, the profile's write), and the rest after the last step; for the summary's
+ * "run time" line. */
+typedef struct run_time {
+    double wall_s, before_steps_s, steps_s, evaluation_s, checkpoints_s, profile_s;
+} run_time_t;
+void report_set_run_time(report_t *r, const run_time_t *t);
 /* Median, min and max step time (step 0 left out), tokens/s/device, TFLOP/s/device, MFU, the
  * peak resident memory against the plan and the machine, and the machine line where probes
  * were set. Kept for summary.json. */

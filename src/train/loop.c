@@ -79,6 +79,9 @@ typedef struct loop {
     int stop_requested;
     int profile_pending;
     int64_t checkpoint_pending; /* step + 1 whose parameters the host thread writes now; 0: none */
+    /* the compute thread's clock: when step 0 started, when the last step's work ended, and the
+     * pauses between steps (evaluations, checkpoint writes, the profile's write) */
+    int64_t steps_start_ns, steps_end_ns, eval_ns, checkpoint_ns, profile_ns;
     bool checkpoint_failed;
     step_record_t *records;
     /* test hook: the order of "step N started" and "loss N read" events */
@@ -126,6 +129,7 @@ static void *compute_main(void *arg) {
     loop_t *l = arg;
     omp_set_num_threads(l->plan->num_threads);
     int64_t last_end = now_ns();
+    l->steps_start_ns = l->steps_end_ns = last_end;
     for (int64_t step = 0; step < l->cfg->steps; step++) {
         pthread_mutex_lock(&l->mu);
         int stop = l->stop_requested || g_signal;
@@ -157,7 +161,9 @@ static void *compute_main(void *arg) {
                              .data_wait_seconds = wait};
         if (eval_due(l->cfg, step)) {
             evaluate(l, &rec);
-            end = now_ns(); /* the next step's clock starts after the evaluation */
+            int64_t after = now_ns(); /* the next step's clock starts after the evaluation */
+            l->eval_ns += after - end;
+            end = after;
         }
 
         pthread_mutex_lock(&l->mu);
@@ -170,7 +176,9 @@ static void *compute_main(void *arg) {
             l->profile_pending = 1;
             pthread_cond_broadcast(&l->cv);
             while (l->profile_pending) pthread_cond_wait(&l->cv, &l->mu);
-            end = now_ns();
+            int64_t after = now_ns();
+            l->profile_ns += after - end;
+            end = after;
         }
         if (l->cfg->enable_checkpointing && checkpoint_due(step, l->cfg->steps, l->cfg->checkpoint_period)) {
             /* Rank 0's host thread writes it; every rank starts its next step, and its clock,
@@ -190,8 +198,11 @@ static void *compute_main(void *arg) {
             }
             if (failed) l->stop_requested = 1;
             trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint, span, 0);
-            end = now_ns();
+            int64_t after = now_ns();
+            l->checkpoint_ns += after - end;
+            end = after;
         }
+        l->steps_end_ns = end;
         pthread_mutex_unlock(&l->mu);
         last_end = end;
     }
@@ -318,6 +329,7 @@ static void pause_end(const pause_t *p, cpustat_t *window_start) {
 }
 
 int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
+    int64_t run_start_ns = now_ns();
     loop_t l = {.cfg = cfg, .plan = plan, .world = world, .rank = comm_rank(world), .started = -1, .completed = -1,
                 .profile_first = -1, .profile_last = -1};
     char err_buf[1024] = "";
@@ -531,6 +543,17 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
      * so whether its step times compare with another run's. */
     if (report && probe_before > 0 && rc == LOOP_OK && l.completed >= 1)
         report_set_machine_probes(report, probe_before, probe_cores(cfg, plan->num_threads));
+    if (report && l.completed >= 0) {
+        double steps_s = 0.0;
+        for (int64_t i = 0; i <= l.completed; i++) steps_s += l.records[i].seconds;
+        run_time_t t = {.wall_s = (double)(now_ns() - run_start_ns) * 1e-9,
+                        .before_steps_s = (double)(l.steps_start_ns - run_start_ns) * 1e-9,
+                        .steps_s = steps_s,
+                        .evaluation_s = (double)l.eval_ns * 1e-9,
+                        .checkpoints_s = (double)l.checkpoint_ns * 1e-9,
+                        .profile_s = (double)l.profile_ns * 1e-9};
+        report_set_run_time(report, &t);
+    }
     if (report) report_summary(report, stdout);
     if (writer && l.state.zero) console_comm(plan, l.state.zero, l.comm_after_step0);
     if (writer && l.trace && pf.written) {

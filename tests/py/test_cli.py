@@ -1065,6 +1065,20 @@ def test_profile_names_what_ran_between_steps(tmp_path):
     summ = json.loads((prof / "op_summary.json").read_text())
     assert summ["num_steps"] == 4
     assert re.search(r"^total \(train steps\)\s+4\s", r.stdout, re.M)
+    # the run's wall time, accounted: the steps' own times summed, the pauses between them, each
+    # at least what its own figure says, and all of it within the wall time
+    recs, _ = read_metrics(tmp_path)
+    run = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    assert abs(run["time/steps_seconds"] - sum(m["perf/step_time_seconds"] for m in recs)) <= 6e-6
+    assert run["time/evaluation_seconds"] >= sum(m.get("eval/seconds", 0) for m in recs) - 3e-6
+    assert run["time/checkpoint_seconds"] >= sum(m.get("checkpoint/write_seconds", 0) for m in recs) - 4e-6
+    assert run["time/profile_write_seconds"] > 0
+    parts = ("before_steps", "steps", "evaluation", "checkpoint", "profile_write")
+    assert 0 < sum(run[f"time/{k}_seconds"] for k in parts) <= run["time/wall_seconds"]
+    assert re.search(r"^  run time        \d+\.\d\d s wall: \d+\.\d\d s before step 0 \(probes, data, set-up\), "
+                     r"\d+\.\d\d s in steps 0\.\.5, \d+\.\d\d s between them \(evaluation \d+\.\d\d, checkpoints "
+                     r"\d+\.\d\d, profile \d+\.\d\d\), \d+\.\d\d s after \(the closing probe, the last reads\)$", r.stdout,
+                     re.M), r.stdout
     try:
         from xprof.convert import raw_to_tool_data
     except Exception as e:
