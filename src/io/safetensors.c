@@ -462,6 +462,10 @@ static float half_to_float(uint16_t h) {
     return f;
 }
 
+bool safetensors_f32_convertible(const st_tensor_t *t) {
+    return t && (t->dtype == ST_F32 || t->dtype == ST_BF16 || t->dtype == ST_F16 || t->dtype == ST_F64);
+}
+
 /* Element reads go through memcpy: the data offset need not be aligned for the dtype. */
 int safetensors_to_f32(const st_tensor_t *t, float *dst) {
     if (!t || (!dst && t->numel > 0)) return -1;

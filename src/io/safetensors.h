@@ -6,6 +6,7 @@
 #ifndef STEPSCOPE_SAFETENSORS_H
 #define STEPSCOPE_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,8 @@ const st_tensor_t *safetensors_find(const safetensors_t *st, const char *name);
 const char *safetensors_meta(const safetensors_t *st, const char *key); /* NULL if absent */
 /* Convert a F32, BF16, F16 or F64 tensor to float32 into dst[numel]. Non-zero on other dtypes. */
 int safetensors_to_f32(const st_tensor_t *t, float *dst);
+/* Whether safetensors_to_f32 converts t's dtype (F32, BF16, F16, F64). */
+bool safetensors_f32_convertible(const st_tensor_t *t);
 /* Convert an I32 or I64 tensor to int32 into dst[numel]. Non-zero on other dtypes, or when an
  * I64 value does not fit in int32 (dst is then partly written). */
 int safetensors_to_i32(const st_tensor_t *t, int32_t *dst);

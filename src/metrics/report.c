@@ -196,6 +196,11 @@ static const char *json_number(char *buf, size_t n, double v) {
     return buf;
 }
 
+/* An evaluation's TFLOP/s at tokens_s: a forward of the plan's batch per tokens_per_device tokens. */
+static double eval_tflops_s(const report_t *r, double tokens_s) {
+    return plan_forward_tflops_per_device(&r->plan) * tokens_s / (double)r->plan.tokens_per_device;
+}
+
 int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen) {
     double tflops = r->plan.tflops_per_device;
     double tokens = (double)r->plan.tokens_per_device;
@@ -252,13 +257,13 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
         fprintf(m, ", \"checkpoint/write_seconds\": %.6f, \"checkpoint/bytes\": %llu", rec->checkpoint_seconds,
                 (unsigned long long)rec->checkpoint_bytes);
     char eval_loss[32];
+    double eval_tokens_s = rec->eval_batches ? (double)(rec->eval_batches * r->plan.tokens_per_device) / rec->eval_seconds : 0.0;
     if (rec->eval_batches)
         fprintf(m, ", \"eval/avg_loss\": %s, \"eval/total_weights\": %lld, \"eval/seconds\": %.6f, "
                 "\"eval/per_device_tokens_per_sec\": %.4f, \"eval/per_device_tflops_per_sec\": %.6f",
                 json_number(eval_loss, sizeof eval_loss, rec->eval_loss),
                 (long long)(rec->eval_batches * r->plan.tokens_per_device * r->plan.num_ranks), rec->eval_seconds,
-                (double)(rec->eval_batches * r->plan.tokens_per_device) / rec->eval_seconds,
-                tflops / 3.0 * (double)rec->eval_batches / rec->eval_seconds);
+                eval_tokens_s, eval_tflops_s(r, eval_tokens_s));
     fputs("}\n", m);
     int ok = fclose(m) == 0;
     size_t done = 0;
@@ -302,7 +307,7 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
     }
     if (r->num_logged < r->cap) r->seconds[r->num_logged++] = rec->seconds;
     if (rec->eval_batches && r->evals < r->cap) {
-        r->eval_rates[r->evals++] = (double)(rec->eval_batches * r->plan.tokens_per_device) / rec->eval_seconds;
+        r->eval_rates[r->evals++] = eval_tokens_s;
         r->last_eval_loss = rec->eval_loss;
         r->last_eval_step = rec->step;
     }
@@ -351,11 +356,6 @@ static bool loaded(const report_t *r) { return r->others_cores + r->steal_cores 
 static double median_sorting(double *x, int64_t n) {
     qsort(x, (size_t)n, sizeof(double), cmp_double);
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
-/* The evaluations' forward: a third of a training step's FLOPs a batch (MaxText's count). */
-static double eval_tflops_s(const report_t *r, double tokens_s) {
-    return r->plan.tflops_per_device / 3.0 * tokens_s / (double)r->plan.tokens_per_device;
 }
 
 void report_summary(report_t *r, FILE *out) {

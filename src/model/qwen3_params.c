@@ -150,8 +150,7 @@ int qwen3_load_safetensors(float *base, const qwen3_dims_t *d, const char *path,
             goto done;
         }
         if (check_shape(s, &t[i], path, err, errlen) != 0) goto done;
-        bool loadable = base ? safetensors_to_f32(s, base + t[i].offset) == 0
-                             : s->dtype == ST_F32 || s->dtype == ST_BF16 || s->dtype == ST_F16 || s->dtype == ST_F64;
+        bool loadable = base ? safetensors_to_f32(s, base + t[i].offset) == 0 : safetensors_f32_convertible(s);
         if (!loadable) {
             snprintf(err, errlen, "%s: tensor %s has a dtype stepscope cannot load; use F32, BF16, F16 or F64", path, t[i].hf_name);
             goto done;

@@ -17,6 +17,8 @@ qwen3_dims_t plan_dims(const config_t *cfg) {
     };
 }
 
+double plan_forward_tflops_per_device(const plan_t *p) { return p->tflops_per_device / 3.0; }
+
 double plan_tflops_training_per_device(const qwen3_dims_t *d) {
     double B = (double)d->B, S = (double)d->S, D = (double)d->D, F = (double)d->F;
     double H = (double)d->H, KV = (double)d->KV, HD = (double)d->HD, V = (double)d->V, L = (double)d->L;

@@ -41,6 +41,10 @@ qwen3_dims_t plan_dims(const config_t *cfg);
  * per layer, also ×3. */
 double plan_tflops_training_per_device(const qwen3_dims_t *d);
 
+/* One forward pass (an evaluation batch) of the plan's batch: a third of the step's count, whose
+ * every term is 3 × the forward's. */
+double plan_forward_tflops_per_device(const plan_t *p);
+
 /* num_ranks: the ranks of the job; ici_fsdp_parallelism × dcn_data_parallelism must come to
  * it (-1 fills in). A mismatch is a config error naming both keys. */
 int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, char *err, size_t errlen);

@@ -79,9 +79,9 @@ typedef struct loop {
     int stop_requested;
     int profile_pending;
     int64_t checkpoint_pending; /* step + 1 whose parameters the host thread writes now; 0: none */
-    /* the compute thread's clock: when step 0 started, when the last step's work ended, and the
-     * pauses between steps (evaluations, checkpoint writes, the profile's write) */
-    int64_t steps_start_ns, steps_end_ns, eval_ns, checkpoint_ns, profile_ns;
+    /* the compute thread's clock: when step 0 started, and the pauses between steps
+     * (evaluations, checkpoint writes, the profile's write) */
+    int64_t steps_start_ns, eval_ns, checkpoint_ns, profile_ns;
     bool checkpoint_failed;
     step_record_t *records;
     /* test hook: the order of "step N started" and "loss N read" events */
@@ -96,6 +96,14 @@ static void log_event(loop_t *l, const char *what, int64_t step) {
 }
 
 static int64_t now_ns(void) { return trace_now_ns(); }
+
+/* A pause between steps that began at `since` ends now: added to its kind's total; returns now,
+ * where the next step's clock starts. */
+static int64_t pause_ended(int64_t *total_ns, int64_t since) {
+    int64_t now = now_ns();
+    *total_ns += now - since;
+    return now;
+}
 
 /* MaxText's rule: after step s when s + 1 is a multiple of eval_interval, step 0 excepted. */
 static bool eval_due(const config_t *cfg, int64_t step) {
@@ -129,7 +137,7 @@ static void *compute_main(void *arg) {
     loop_t *l = arg;
     omp_set_num_threads(l->plan->num_threads);
     int64_t last_end = now_ns();
-    l->steps_start_ns = l->steps_end_ns = last_end;
+    l->steps_start_ns = last_end;
     for (int64_t step = 0; step < l->cfg->steps; step++) {
         pthread_mutex_lock(&l->mu);
         int stop = l->stop_requested || g_signal;
@@ -161,9 +169,7 @@ static void *compute_main(void *arg) {
                              .data_wait_seconds = wait};
         if (eval_due(l->cfg, step)) {
             evaluate(l, &rec);
-            int64_t after = now_ns(); /* the next step's clock starts after the evaluation */
-            l->eval_ns += after - end;
-            end = after;
+            end = pause_ended(&l->eval_ns, end); /* the next step's clock starts after the evaluation */
         }
 
         pthread_mutex_lock(&l->mu);
@@ -176,9 +182,7 @@ static void *compute_main(void *arg) {
             l->profile_pending = 1;
             pthread_cond_broadcast(&l->cv);
             while (l->profile_pending) pthread_cond_wait(&l->cv, &l->mu);
-            int64_t after = now_ns();
-            l->profile_ns += after - end;
-            end = after;
+            end = pause_ended(&l->profile_ns, end);
         }
         if (l->cfg->enable_checkpointing && checkpoint_due(step, l->cfg->steps, l->cfg->checkpoint_period)) {
             /* Rank 0's host thread writes it; every rank starts its next step, and its clock,
@@ -198,11 +202,8 @@ static void *compute_main(void *arg) {
             }
             if (failed) l->stop_requested = 1;
             trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint, span, 0);
-            int64_t after = now_ns();
-            l->checkpoint_ns += after - end;
-            end = after;
+            end = pause_ended(&l->checkpoint_ns, end);
         }
-        l->steps_end_ns = end;
         pthread_mutex_unlock(&l->mu);
         last_end = end;
     }

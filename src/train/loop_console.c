@@ -51,10 +51,10 @@ void console_checkpoint(const config_t *cfg, const step_record_t *rec) {
            rec->checkpoint_seconds, (double)rec->checkpoint_bytes / rec->checkpoint_seconds / 1e9, path);
 }
 
-/* A batch's forward is a third of a training step's FLOPs in MaxText's count (6·N·T and
- * attention's, each 3 × the forward's), so its TFLOP/s and MFU compare with the steps'. */
+/* A batch's forward in MaxText's count (plan_forward_tflops_per_device), so its TFLOP/s and MFU
+ * compare with the steps'. */
 void console_eval(const plan_t *plan, double peak_tflops, const step_record_t *rec) {
-    double tflops_s = plan->tflops_per_device / 3.0 * (double)rec->eval_batches / rec->eval_seconds;
+    double tflops_s = plan_forward_tflops_per_device(plan) * (double)rec->eval_batches / rec->eval_seconds;
     printf("eval: after step %lld, average loss %.4f over %lld tokens (%lld batches), %.3f s, %.1f tokens/s/device, "
            "%.3f TFLOP/s/device, MFU %.2f%%, outside the step times\n",
            (long long)rec->step, rec->eval_loss, (long long)(rec->eval_batches * plan->tokens_per_device * plan->num_ranks),
