@@ -97,9 +97,10 @@ int main(int argc, char **argv) {
         printf("memory_available_bytes: %llu\n", (unsigned long long)plan_memory_available(&plan, &cfg));
         if (cfg.enable_checkpointing)
             printf("checkpoints: %lld (steps that are multiples of checkpoint_period=%lld, and the last)\n"
-                   "checkpoint_bytes_each: %llu (at most: fp32 parameters and the safetensors header)\n",
-                   (long long)checkpoint_count(cfg.steps, cfg.checkpoint_period), (long long)cfg.checkpoint_period,
-                   (unsigned long long)checkpoint_file_bytes(&plan.dims));
+                   "checkpoint_bytes_each: %llu (at most, over every rank: fp32 parameters, AdamW's two moments and "
+                   "the safetensors headers)\n",
+                   (long long)checkpoint_count(0, cfg.steps, cfg.checkpoint_period), (long long)cfg.checkpoint_period,
+                   (unsigned long long)checkpoint_bytes(&plan.dims));
     }
     rc = plan_check_memory(&plan, &cfg, err, sizeof err);
     if ((rc = comm_agree(world, rc, err)) != 0 || dry_run) return finish(world, rc);

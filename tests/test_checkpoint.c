@@ -1,6 +1,8 @@
-/* Parameter checkpoints (train/checkpoint.h): which steps are written (MaxText's rule: the
+/* Checkpoints (train/checkpoint.h, train/resume.h): which steps are written (MaxText's rule: the
  * multiples of checkpoint_period and the last step), the space a run needs and the message when
- * it is not there, and a written checkpoint: its path, its size and the same bits read back. */
+ * it is not there, a written checkpoint (its paths, its size and the same bits read back), and a
+ * full state written in shards read back over other shards, or refused when it is incomplete,
+ * mixed or of another model. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,7 +18,9 @@
 #include "config/config.h"
 #include "model/qwen3.h"
 #include "plan/plan.h"
+#include "dist/zero.h"
 #include "train/checkpoint.h"
+#include "train/resume.h"
 
 /* Each count is the number of due steps among 0..steps-1, checked one by one. */
 static void test_due_steps(void **state) {
@@ -31,14 +35,18 @@ static void test_due_steps(void **state) {
     assert_false(checkpoint_due(-1, 10, 1));
     const int64_t runs[][2] = {{1, 1}, {1, 10000}, {5, 2}, {6, 2}, {10, 10000}, {10, 1}, {21, 10}, {20, 10}, {7, 7}};
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-        int64_t steps = runs[r][0], period = runs[r][1], due = 0;
-        for (int64_t s = 0; s < steps; s++) due += checkpoint_due(s, steps, period);
-        assert_int_equal(checkpoint_count(steps, period), due);
+        int64_t steps = runs[r][0], period = runs[r][1];
+        for (int64_t first = 0; first <= steps; first++) { /* a resumed run's steps first..steps-1 */
+            int64_t due = 0;
+            for (int64_t s = first; s < steps; s++) due += checkpoint_due(s, steps, period);
+            assert_int_equal(checkpoint_count(first, steps, period), due);
+        }
     }
-    assert_int_equal(checkpoint_count(5, 2), 3);  /* 0, 2, 4 */
-    assert_int_equal(checkpoint_count(6, 2), 4);  /* 0, 2, 4, 5 */
-    assert_int_equal(checkpoint_count(10, 10000), 2); /* 0 and 9 */
-    assert_int_equal(checkpoint_count(1, 3), 1);
+    assert_int_equal(checkpoint_count(0, 5, 2), 3);  /* 0, 2, 4 */
+    assert_int_equal(checkpoint_count(0, 6, 2), 4);  /* 0, 2, 4, 5 */
+    assert_int_equal(checkpoint_count(3, 6, 2), 2);  /* 4, 5 */
+    assert_int_equal(checkpoint_count(0, 10, 10000), 2); /* 0 and 9 */
+    assert_int_equal(checkpoint_count(0, 1, 3), 1);
 }
 
 static void tiny(config_t *cfg, qwen3_dims_t *d, const char *base, int64_t steps, int64_t period) {
@@ -52,18 +60,20 @@ static void tiny(config_t *cfg, qwen3_dims_t *d, const char *base, int64_t steps
     *d = plan_dims(cfg);
 }
 
-/* The bound covers the file as written, and a run's need is its count times the bound: refused
- * one byte short of it, with the numbers and the knobs in the message. */
+/* The bound covers the files as written (parameters and two moments), and a run's need is its
+ * count times the bound: refused one byte short of it, with the numbers and the knobs in the
+ * message; a resumed run counts from its first step. */
 static void test_space_needed(void **state) {
     (void)state;
     config_t cfg;
     qwen3_dims_t d;
     tiny(&cfg, &d, "out", 5, 2);
-    uint64_t each = checkpoint_file_bytes(&d);
-    assert_true(each >= (uint64_t)qwen3_num_params(&d) * 4);
+    uint64_t each = checkpoint_bytes(&d);
+    assert_true(each >= (uint64_t)qwen3_num_params(&d) * 12);
     char err[512] = "";
-    assert_int_equal(checkpoint_check_space(&cfg, &d, 3 * each, err, sizeof err), 0);
-    assert_int_equal(checkpoint_check_space(&cfg, &d, 3 * each - 1, err, sizeof err), -1);
+    assert_int_equal(checkpoint_check_space(&cfg, &d, 3, 1 * each, err, sizeof err), 0); /* step 4 only */
+    assert_int_equal(checkpoint_check_space(&cfg, &d, 0, 3 * each, err, sizeof err), 0);
+    assert_int_equal(checkpoint_check_space(&cfg, &d, 0, 3 * each - 1, err, sizeof err), -1);
     assert_non_null(strstr(err, "enable_checkpointing: the run's 3 checkpoints"));
     assert_non_null(strstr(err, "checkpoint_period=2"));
     assert_non_null(strstr(err, "out/r has"));
@@ -84,7 +94,8 @@ static void test_write_and_read_back(void **state) {
     float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
     qwen3_init_params(a, &d, 3);
     checkpoint_written_t w;
-    assert_int_equal(checkpoint_write(&cfg, &d, a, 2, &w, err, sizeof err), 0);
+    assert_int_equal(checkpoint_write(&cfg, &d, a, NULL, 2, &w, err, sizeof err), 0);
+    assert_int_equal(checkpoint_finish(&cfg, &d, 2, err, sizeof err), 0);
     assert_int_equal(w.step, 2);
     assert_true(w.seconds > 0.0);
     assert_int_equal(checkpoint_path(path, sizeof path, &cfg, 2), 0);
@@ -97,7 +108,7 @@ static void test_write_and_read_back(void **state) {
     assert_true(w.bytes <= checkpoint_file_bytes(&d));
     assert_int_equal(qwen3_load_safetensors(b, &d, path, err, sizeof err), 0);
     assert_memory_equal(a, b, (size_t)n * sizeof(float));
-    assert_int_equal(checkpoint_check(&cfg, &d, err, sizeof err), 0);
+    assert_int_equal(checkpoint_check(&cfg, &d, 0, err, sizeof err), 0);
 
     /* Hugging Face's config.json beside it, with the shape */
     char cfg_path[4096], json[4096];
@@ -119,9 +130,9 @@ static void test_write_and_read_back(void **state) {
     FILE *f = fopen(dir, "w");
     assert_non_null(f);
     fclose(f);
-    assert_int_equal(checkpoint_check(&cfg, &d, err, sizeof err), -1);
+    assert_int_equal(checkpoint_check(&cfg, &d, 0, err, sizeof err), -1);
     assert_non_null(strstr(err, "is not a folder"));
-    assert_int_equal(checkpoint_write(&cfg, &d, a, 4, &w, err, sizeof err), -1);
+    assert_int_equal(checkpoint_write(&cfg, &d, a, NULL, 4, &w, err, sizeof err), -1);
     assert_non_null(strstr(err, "cannot create"));
     assert_int_equal(unlink(dir), 0);
     snprintf(dir, sizeof dir, "%s/r", base);
@@ -130,11 +141,113 @@ static void test_write_and_read_back(void **state) {
     free(a), free(b);
 }
 
+/* Shard k of `shards` of moments m and v (the parameters on shard 0), as a rank writes it. */
+static void write_shard(const config_t *cfg, const qwen3_dims_t *d, const float *params, const float *m,
+                        const float *v, int k, int shards, int64_t step, int64_t updates) {
+    int64_t n = qwen3_num_params(d), lo, count;
+    zero_shard_range(n, shards, k, &lo, &count);
+    checkpoint_optimizer_shard_t sh = {.m = m + lo, .v = v + lo, .lo = lo, .count = count, .num_params = n,
+                                       .updates_done = updates, .index = k, .shards = shards};
+    checkpoint_written_t w;
+    char err[600];
+    assert_int_equal(checkpoint_write(cfg, d, k == 0 ? params : NULL, &sh, step, &w, err, sizeof err), 0);
+    assert_true(w.bytes >= (uint64_t)count * 8);
+}
+
+static void expect_refused(const char *folder, const qwen3_dims_t *d, const char *needle) {
+    full_state_t fs;
+    char err[1024] = "";
+    assert_int_equal(full_state_open(&fs, folder, d, err, sizeof err), -1);
+    if (!strstr(err, needle)) fail_msg("expected \"%s\" in: %s", needle, err);
+    assert_null(strchr(err, '\n'));
+}
+
+/* A full state written by 3 ranks (one shard each, rank 0 the parameters too) reads back to the
+ * same bits over 1 and 2 shards' ranges, with its step and update count; an empty shard (more
+ * ranks than 16-float blocks) is a file too. Refused, naming the problem: a folder without the
+ * moments, a missing shard, shards of two writes, another model, a parameter path that is no
+ * folder. */
+static void test_full_state_in_shards(void **state) {
+    (void)state;
+    char base[] = "/tmp/test_checkpoint.XXXXXX", err[1024], folder[4096];
+    assert_non_null(mkdtemp(base));
+    config_t cfg;
+    qwen3_dims_t d;
+    tiny(&cfg, &d, base, 8, 3);
+    int64_t n = qwen3_num_params(&d);
+    float *p = malloc((size_t)n * sizeof(float)), *m = malloc((size_t)n * sizeof(float)),
+          *v = malloc((size_t)n * sizeof(float)), *m2 = malloc((size_t)n * sizeof(float)),
+          *v2 = malloc((size_t)n * sizeof(float));
+    qwen3_init_params(p, &d, 5);
+    for (int64_t i = 0; i < n; i++) m[i] = 1e-3f * (float)(i % 977) - 0.4f, v[i] = 1e-6f * (float)(i % 313);
+    for (int k = 0; k < 3; k++) write_shard(&cfg, &d, p, m, v, k, 3, 6, 7);
+    assert_int_equal(checkpoint_finish(&cfg, &d, 6, err, sizeof err), 0);
+    assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 6), 0);
+    full_state_t fs;
+    assert_int_equal(full_state_open(&fs, folder, &d, err, sizeof err), 0);
+    assert_int_equal(fs.step, 6);
+    assert_int_equal(fs.updates_done, 7);
+    assert_int_equal(fs.shards, 3);
+    for (int ranks = 1; ranks <= 2; ranks++) {
+        memset(m2, 0xff, (size_t)n * sizeof(float));
+        memset(v2, 0xff, (size_t)n * sizeof(float));
+        for (int k = 0; k < ranks; k++) {
+            int64_t lo, count;
+            zero_shard_range(n, ranks, k, &lo, &count);
+            assert_int_equal(full_state_read_moments(&fs, lo, count, m2 + lo, v2 + lo, err, sizeof err), 0);
+        }
+        assert_memory_equal(m, m2, (size_t)n * sizeof(float));
+        assert_memory_equal(v, v2, (size_t)n * sizeof(float));
+    }
+    float *p2 = malloc((size_t)n * sizeof(float));
+    assert_int_equal(qwen3_load_safetensors(p2, &d, fs.model_file, err, sizeof err), 0);
+    assert_memory_equal(p, p2, (size_t)n * sizeof(float));
+    full_state_close(&fs);
+
+    /* so many shards that the last are empty */
+    int many = (int)(n / 16) + 3;
+    for (int k = 0; k < many; k++) write_shard(&cfg, &d, p, m, v, k, many, 2, 3);
+    assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 2), 0);
+    assert_int_equal(full_state_open(&fs, folder, &d, err, sizeof err), 0);
+    assert_int_equal(full_state_read_moments(&fs, 0, n, m2, v2, err, sizeof err), 0);
+    assert_memory_equal(m, m2, (size_t)n * sizeof(float));
+    full_state_close(&fs);
+
+    /* refusals */
+    char file[4200], other[4200];
+    assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 6), 0);
+    checkpoint_optimizer_file(file, sizeof file, folder, 1, 3);
+    snprintf(other, sizeof other, "%s.aside", file);
+    assert_int_equal(rename(file, other), 0);
+    expect_refused(folder, &d, "lacks optimizer_state-00001-of-00003.safetensors of its 3");
+    assert_int_equal(rename(other, file), 0);
+    write_shard(&cfg, &d, p, m, v, 2, 3, 6, 8); /* shard 2 of another write */
+    expect_refused(folder, &d, "mixes two writes");
+    write_shard(&cfg, &d, p, m, v, 1, 2, 6, 7); /* a 2-shard file among 3-shard ones */
+    expect_refused(folder, &d, "mixes optimizer_state files of");
+    checkpoint_written_t w;
+    assert_int_equal(checkpoint_write(&cfg, &d, p, NULL, 9, &w, err, sizeof err), 0); /* parameters only */
+    assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 9), 0);
+    expect_refused(folder, &d, "has no optimizer_state files: it holds parameters only; start a run from them with "
+                               "load_parameters_path=");
+    snprintf(file, sizeof file, "%s/model.safetensors", folder);
+    expect_refused(file, &d, "is not a folder");
+    assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 2), 0);
+    qwen3_dims_t wider = d;
+    wider.F += 32;
+    expect_refused(folder, &wider, "another layout");
+    free(p), free(p2), free(m), free(v), free(m2), free(v2);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -r %s", base);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_due_steps),
         cmocka_unit_test(test_space_needed),
         cmocka_unit_test(test_write_and_read_back),
+        cmocka_unit_test(test_full_state_in_shards),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

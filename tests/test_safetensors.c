@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "io/safetensors.h"
+#include "util/memstat.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* A temporary directory per test, removed (with its files) afterwards. */
@@ -623,6 +624,43 @@ static void test_fixture_padded_rows(void **state) {
     check_fixture_case("padded_rows", 1);
 }
 
+/* safetensors_load_f32 reads a 48 MiB tensor (BF16 of an odd length: pieces that end inside a
+ * page) to the same values as safetensors_to_f32, and hands the mapping's pages back as it
+ * goes: the resident set grows by the destination only, where reading the mapping whole adds
+ * the file (checked side by side, so the measure is shown to see the pages). */
+static void test_load_hands_pages_back(void **state) {
+    const char *dir = *state;
+    char path[4096], err[512];
+    join(path, sizeof(path), dir, "big.safetensors");
+    const int64_t n = (48 << 20) / 2 + 3;
+    float *src = malloc((size_t)n * sizeof(float)), *a = malloc((size_t)n * sizeof(float)),
+          *b = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) src[i] = (float)(i % 1000) * 0.25f;
+    memset(a, 1, (size_t)n * sizeof(float)); /* touched now (not 0: malloc + memset 0 becomes calloc) */
+    memset(b, 1, (size_t)n * sizeof(float));
+    st_write_entry_t e = {.name = "w", .ndim = 1, .shape = {n}, .data = src};
+    assert_int_equal(safetensors_write_f32(path, &e, 1, NULL, NULL, 0, err, sizeof err), 0);
+    safetensors_t st;
+    assert_int_equal(safetensors_open(&st, path, err, sizeof err), 0);
+    const st_tensor_t *t = safetensors_find(&st, "w");
+    memstat_t m0, m1, m2;
+    assert_true(memstat_read(&m0));
+    assert_int_equal(safetensors_load_f32(&st, t, a), 0);
+    assert_true(memstat_read(&m1));
+    assert_int_equal(safetensors_to_f32(t, b), 0);
+    assert_true(memstat_read(&m2));
+    assert_memory_equal(a, src, (size_t)n * sizeof(float));
+    assert_memory_equal(b, src, (size_t)n * sizeof(float));
+    int64_t bytes = n * 4;
+    if (m1.rss_bytes - m0.rss_bytes > bytes / 8) fail_msg("load_f32 grew the set by %lld bytes", (long long)(m1.rss_bytes - m0.rss_bytes));
+    if (m2.rss_bytes - m1.rss_bytes < bytes / 2) fail_msg("to_f32 grew it by %lld bytes only", (long long)(m2.rss_bytes - m1.rss_bytes));
+    st_tensor_t outside = *t;
+    outside.data = src;
+    assert_int_not_equal(safetensors_load_f32(&st, &outside, a), 0); /* not in the mapping: refused */
+    safetensors_close(&st);
+    free(src), free(a), free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip_with_metadata, tmpdir_setup, tmpdir_teardown),
@@ -632,6 +670,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_f64_and_integers, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_malformed_files, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_unreadable_files, tmpdir_setup, tmpdir_teardown),
+        cmocka_unit_test_setup_teardown(test_load_hands_pages_back, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test(test_python_fixture_reads),
         cmocka_unit_test(test_fixture_tied_gqa),
         cmocka_unit_test(test_fixture_untied_wide),

@@ -327,6 +327,20 @@ def load_weights(model, path):
     model.load_state_dict(state, strict=True)
 
 
+def save_optimizer(model, opt, path):
+    """torch's AdamW state after the run, <name>.exp_avg and <name>.exp_avg_sq for every
+    parameter (Hugging Face names), and the update count as metadata: what stepscope keeps in a
+    checkpoint's optimizer_state files, by name where stepscope's are flat."""
+    from safetensors.torch import save_file
+    tensors, steps = {}, set()
+    for name, p in model.named_parameters():
+        st = opt.state[p]
+        tensors[f"{name}.exp_avg"] = st["exp_avg"].detach().contiguous()
+        tensors[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].detach().contiguous()
+        steps.add(int(st["step"]))
+    save_file(tensors, str(path), metadata={"updates_done": str(steps.pop())})
+
+
 def make_optimizer(model, train):
     kwargs = dict(lr=train.lr, betas=(train.b1, train.b2), eps=train.adam_eps, weight_decay=train.weight_decay)
     try:  # the fused CPU AdamW (torch >= 2.4) is the fastest torch offers
@@ -358,7 +372,7 @@ class Trainer:
 
 
 def run(overrides, binary=DEFAULT_BIN, config=DEFAULT_CONFIG, mode="eager", dtype="float32", threads=0,
-        load=None, save=None, quiet=False, profile_step=-1):
+        load=None, save=None, quiet=False, profile_step=-1, save_opt=None):
     """Trains for the config's `steps` and returns a dict: per-step losses and seconds (completion
     to completion, as stepscope times its steps) and the settings used."""
     t_start = time.monotonic()
@@ -391,6 +405,8 @@ def run(overrides, binary=DEFAULT_BIN, config=DEFAULT_CONFIG, mode="eager", dtyp
             tokens_per_s = dims.B * dims.S / steps[-1]["seconds"]
             print(f"torch step: {i}, seconds: {steps[-1]['seconds']:.3f}, Tokens/s: {tokens_per_s:.3f}, "
                   f"loss: {loss:.4f}", flush=True)
+    if save_opt:
+        save_optimizer(model, trainer.opt, save_opt)
     timed = [s["seconds"] for s in steps[1:]] or [steps[0]["seconds"]]
     return {"mode": mode, "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "tokens_per_step": dims.B * dims.S, "per_device_tflops": float(plan["per_device_tflops"]),
@@ -409,6 +425,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 = torch's default")
     ap.add_argument("--load-weights", help="start from this safetensors file (Hugging Face names)")
     ap.add_argument("--save-weights", help="write the initial weights here (safetensors, Hugging Face names)")
+    ap.add_argument("--save-optimizer", help="write AdamW's moments after the last step here (safetensors, "
+                                             "<name>.exp_avg and <name>.exp_avg_sq)")
     ap.add_argument("--json", help="write the result (per-step seconds and losses) here")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--profile-step", type=int, default=-1,
@@ -420,7 +438,7 @@ def main(argv=None):
         ap.error(f"{bad[0]!r} is not a key=value override")
     try:
         result = run(a.overrides, a.bin, a.config, a.mode, a.dtype, a.threads, a.load_weights, a.save_weights, a.quiet,
-                     a.profile_step)
+                     a.profile_step, a.save_optimizer)
     except RuntimeError as e:
         print(f"torch_qwen3: {e}", file=sys.stderr)
         return 2

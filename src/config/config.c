@@ -544,6 +544,12 @@ static int check_cross(loader_t *L) {
         return fail(L, "eval_dataset_path=%s %s is only used with dataset_type=tokens (synthetic data evaluates on "
                        "a batch of seed data_seed + 1); set dataset_type=tokens or eval_dataset_path=\"\"",
                     c->eval_dataset_path, ORIGIN(eval_dataset_path));
+    if (c->load_parameters_path[0] && c->load_full_state_path[0])
+        return fail(L, "load_parameters_path=%s %s and load_full_state_path=%s %s: at most one of them; "
+                       "load_full_state_path resumes a run (parameters and optimizer state), "
+                       "load_parameters_path starts one from parameters",
+                    c->load_parameters_path, ORIGIN(load_parameters_path), c->load_full_state_path,
+                    ORIGIN(load_full_state_path));
     if (c->eval_interval == 0)
         return fail(L, "eval_interval=0 %s: allowed: -1 (no evaluation) or N >= 1 (evaluate after every N steps)",
                     ORIGIN(eval_interval));

@@ -59,6 +59,7 @@ typedef struct config {
     int64_t checkpoint_period;
     bool async_checkpointing; /* false only */
     char load_parameters_path[CONFIG_STR_MAX];
+    char load_full_state_path[CONFIG_STR_MAX];
     char metrics_file[CONFIG_STR_MAX]; /* "" = <base_output_directory>/<run_name>/metrics.jsonl */
     bool enable_tensorboard;
     bool abort_on_nan_loss;

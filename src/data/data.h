@@ -23,6 +23,8 @@ typedef struct data_options {
     int64_t row_offset;       /* first global row this process reads */
     int64_t local_batch;
     uint64_t seed;
+    int64_t first_batch;      /* data_next's step i is the reader's batch first_batch + i (a resumed
+                                 run's first step, or the evaluations' batches read before it) */
     int64_t depth;            /* ring slots (batches ahead); >= 1 */
     int64_t delay_ms;         /* test knob: the producer sleeps this long per batch */
     trace_t *trace;           /* may be NULL; the producer records "data/produce" spans */

@@ -67,7 +67,7 @@ static void *producer(void *arg) {
         pthread_mutex_unlock(&d->mu);
 
         int64_t t0 = trace_begin(d->opt.trace);
-        data_reader_fill(d->reader, step, d->ring + slot * d->slot_elems);
+        data_reader_fill(d->reader, d->opt.first_batch + step, d->ring + slot * d->slot_elems);
         pthread_mutex_lock(&d->mu);
         if (d->opt.delay_ms > 0) delay_locked(d);
         if (d->stop) break; /* a batch cut short by close is not a span */

@@ -41,6 +41,11 @@ const st_tensor_t *safetensors_find(const safetensors_t *st, const char *name);
 const char *safetensors_meta(const safetensors_t *st, const char *key); /* NULL if absent */
 /* Convert a F32, BF16, F16 or F64 tensor to float32 into dst[numel]. Non-zero on other dtypes. */
 int safetensors_to_f32(const st_tensor_t *t, float *dst);
+/* safetensors_to_f32 of a tensor of st, in 8 MiB pieces, handing each piece's whole pages of
+ * the mapping back once read (madvise DONTNEED; the file is read-only, so they are read again
+ * from the page cache if touched), so that loading a large file does not add its size to the
+ * process's resident set. Non-zero on other dtypes or a tensor outside st's mapping. */
+int safetensors_load_f32(const safetensors_t *st, const st_tensor_t *t, float *dst);
 /* Whether safetensors_to_f32 converts t's dtype (F32, BF16, F16, F64). */
 bool safetensors_f32_convertible(const st_tensor_t *t);
 /* Convert an I32 or I64 tensor to int32 into dst[numel]. Non-zero on other dtypes, or when an

@@ -29,6 +29,7 @@ struct report {
     tfevents_t *tb;
     double *seconds; /* per logged step */
     int64_t num_logged, cap;
+    int64_t first_step; /* the run's first step: 0, or the one after a resumed checkpoint's */
     /* Evaluations' forward rates (tokens/s/device) and checkpoints' write seconds, in the same
      * allocation as seconds (cap each), for the summary's medians. */
     double *eval_rates, *checkpoint_seconds;
@@ -125,7 +126,7 @@ static void summary_path_of(const report_t *r, char *out, size_t n) {
     snprintf(out, n, "%.*s.summary.json", stem, r->metrics_path);
 }
 
-int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double peak_tflops,
+int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double peak_tflops, int64_t first_step,
                 char *err, size_t errlen) {
     report_t *r = calloc(1, sizeof *r);
     if (!r) {
@@ -135,7 +136,8 @@ int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double 
     r->cfg = cfg;
     r->plan = *plan;
     r->peak_tflops = peak_tflops;
-    r->cap = cfg->steps;
+    r->first_step = first_step;
+    r->cap = cfg->steps - first_step;
     r->seconds = calloc(3 * (size_t)r->cap, sizeof(double));
     r->eval_rates = r->seconds ? r->seconds + r->cap : NULL;
     r->checkpoint_seconds = r->seconds ? r->seconds + 2 * r->cap : NULL;
@@ -359,9 +361,11 @@ static double median_sorting(double *x, int64_t n) {
 }
 
 void report_summary(report_t *r, FILE *out) {
-    int64_t n = r->num_logged - 1; /* step 0 pays one-time costs: left out */
+    int64_t n = r->num_logged - 1; /* the run's first step pays one-time costs: left out */
+    const long long first = (long long)r->first_step;
     if (n < 1) {
-        fprintf(out, "summary: only %lld step(s) logged; run steps >= 2 for a summary without step 0\n", (long long)r->num_logged);
+        fprintf(out, "summary: only %lld step(s) logged; run 2 steps or more for a summary without the first (step %lld)\n",
+                (long long)r->num_logged, first);
         return;
     }
     double *s = malloc((size_t)n * sizeof(double));
@@ -375,7 +379,8 @@ void report_summary(report_t *r, FILE *out) {
     r->summarised = true;
     free(s);
     double median = r->median, tflops_s = r->plan.tflops_per_device / median;
-    fprintf(out, "summary over steps 1..%lld (%lld steps; step 0 left out):\n", (long long)n, (long long)n);
+    fprintf(out, "summary over steps %lld..%lld (%lld steps; step %lld left out):\n", first + 1, first + n, (long long)n,
+            first);
     fprintf(out, "  step time     median %.3f s, min %.3f s, max %.3f s\n", median, r->fastest, r->slowest);
     fprintf(out, "  tokens/s/device %.1f (at the median)\n", (double)r->plan.tokens_per_device / median);
     fprintf(out, "  TFLOP/s/device  %.4f (%.4f TFLOP per step, MaxText's count)\n", tflops_s, r->plan.tflops_per_device);
@@ -414,9 +419,9 @@ void report_summary(report_t *r, FILE *out) {
     }
     if (r->load_measured)
         fprintf(out, "  other load      %.2f cores used by other processes%s, %.2f taken by the hypervisor (steal), "
-                     "while steps 1..%lld ran%s\n",
+                     "while steps %lld..%lld ran%s\n",
                 r->others_cores, r->plan.ranks_per_host > 1 ? " (this host's other ranks among them)" : "",
-                r->steal_cores, (long long)n,
+                r->steal_cores, first + 1, first + n,
                 loaded(r) ? ": other work held the cores, so these step times are not the machine's alone" : "");
     if (r->probe_before > 0 && r->probe_after > 0)
         fprintf(out, "  machine         probe %.4f TFLOP/s after the steps, %.3fx the start-up probe's %.4f%s\n",
@@ -426,10 +431,10 @@ void report_summary(report_t *r, FILE *out) {
     if (r->run_time_set) {
         const run_time_t *t = &r->run_time;
         double between = t->evaluation_s + t->checkpoints_s + t->profile_s;
-        fprintf(out, "  run time        %.2f s wall: %.2f s before step 0 (probes, data, set-up), %.2f s in steps 0..%lld, "
+        fprintf(out, "  run time        %.2f s wall: %.2f s before step %lld (probes, data, set-up), %.2f s in steps %lld..%lld, "
                      "%.2f s between them (evaluation %.2f, checkpoints %.2f, profile %.2f), %.2f s after (the closing probe, the "
                      "last reads)\n",
-                t->wall_s, t->before_steps_s, t->steps_s, (long long)n, between, t->evaluation_s, t->checkpoints_s,
+                t->wall_s, t->before_steps_s, first, t->steps_s, first, first + n, between, t->evaluation_s, t->checkpoints_s,
                 t->profile_s, t->wall_s - t->before_steps_s - t->steps_s - between);
     }
 }
@@ -449,8 +454,8 @@ static int write_summary_json(FILE *f, void *ctx, char *err, size_t errlen) {
                "  \"num_threads\": %d,\n  \"num_ranks\": %d,\n",
             dtype_name(c->dtype), (long long)r->plan.dims.B, (long long)r->plan.dims.S, r->plan.num_threads,
             r->plan.num_ranks);
-    fprintf(f, "  \"steps_logged\": %lld,\n  \"summary_first_step\": 1,\n  \"summary_last_step\": %lld,\n",
-            (long long)r->num_logged, (long long)r->num_logged - 1);
+    fprintf(f, "  \"steps_logged\": %lld,\n  \"summary_first_step\": %lld,\n  \"summary_last_step\": %lld,\n",
+            (long long)r->num_logged, (long long)r->first_step + 1, (long long)(r->first_step + r->num_logged - 1));
     fprintf(f, "  \"perf/step_time_seconds_median\": %.9g,\n  \"perf/step_time_seconds_min\": %.9g,\n"
                "  \"perf/step_time_seconds_max\": %.9g,\n",
             r->median, r->fastest, r->slowest);

@@ -33,8 +33,9 @@ typedef struct step_record {
 typedef struct report report_t;
 
 /* Open the metrics file (written as <path>.partial, renamed whole at report_close) and, when
- * enabled, the TensorBoard event file. */
-int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double peak_tflops,
+ * enabled, the TensorBoard event file, for the steps first_step .. cfg->steps - 1 (first_step:
+ * 0, or the step after a resumed checkpoint's). */
+int report_open(report_t **out, const config_t *cfg, const plan_t *plan, double peak_tflops, int64_t first_step,
                 char *err, size_t errlen);
 /* Console line, JSON line and scalars for one completed step. */
 int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen);
@@ -44,15 +45,15 @@ void report_set_machine_probes(report_t *r, double before, double after);
 /* What other processes and the hypervisor took of the cores while the summarised steps ran, in
  * cores (util/cpustat.h), for the summary's "other load" line. */
 void report_set_other_load(report_t *r, double others_cores, double steal_cores);
-/* Where the run's wall time went, in seconds: before step 0 (probes, data, output files,
- * set-up), in the steps (their times summed, step 0's too), between them (evaluations,
+/* Where the run's wall time went, in seconds: before its first step (probes, data, output files,
+ * set-up), in the steps (their times summed, the first's too), between them (evaluations,
  * checkpoint writes, the profile's write), and the rest after the last step; for the summary's
  * "run time" line. */
 typedef struct run_time {
     double wall_s, before_steps_s, steps_s, evaluation_s, checkpoints_s, profile_s;
 } run_time_t;
 void report_set_run_time(report_t *r, const run_time_t *t);
-/* Median, min and max step time (step 0 left out), tokens/s/device, TFLOP/s/device, MFU, the
+/* Median, min and max step time (the run's first step left out), tokens/s/device, TFLOP/s/device, MFU, the
  * peak resident memory against the plan and the machine, and the machine line where probes
  * were set. Kept for summary.json. */
 void report_summary(report_t *r, FILE *out);

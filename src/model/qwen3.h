@@ -63,6 +63,10 @@ typedef struct qwen3_tensor_info {
 /* All parameters in load order; returns the count (fills `out` when non-NULL). */
 int64_t qwen3_tensor_table(const qwen3_dims_t *d, qwen3_tensor_info_t *out);
 int64_t qwen3_num_params(const qwen3_dims_t *d);
+/* A fingerprint of the flat layout (every tensor's name, offset and shape, FNV-1a): state kept
+ * as flat ranges of the parameter vector (a checkpoint's AdamW moments) is only read back into
+ * a model whose layout has the same one. 0 where the table cannot be built (no memory). */
+uint64_t qwen3_layout_hash(const qwen3_dims_t *d);
 
 /* Typed views into a flat buffer laid out by the table. v->layers is allocated (free with
  * qwen3_params_free). Returns non-zero on allocation failure. */

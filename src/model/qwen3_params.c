@@ -51,6 +51,27 @@ int64_t qwen3_num_params(const qwen3_dims_t *d) {
     return total;
 }
 
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *b = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+uint64_t qwen3_layout_hash(const qwen3_dims_t *d) {
+    int64_t n = qwen3_tensor_table(d, NULL);
+    qwen3_tensor_info_t *t = malloc((size_t)n * sizeof *t);
+    if (!t) return 0;
+    qwen3_tensor_table(d, t);
+    uint64_t h = 14695981039346656037ull;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t where[3] = {t[i].offset, t[i].rows, t[i].cols};
+        h = fnv1a(h, t[i].hf_name, strlen(t[i].hf_name) + 1);
+        h = fnv1a(h, where, sizeof where);
+    }
+    free(t);
+    return h ? h : 1;
+}
+
 static int64_t tensor_numel(int64_t rows, int64_t cols) { return rows * (cols ? cols : 1); }
 
 int qwen3_params_view(qwen3_params_t *v, const qwen3_dims_t *d, float *base) {
@@ -150,7 +171,7 @@ int qwen3_load_safetensors(float *base, const qwen3_dims_t *d, const char *path,
             goto done;
         }
         if (check_shape(s, &t[i], path, err, errlen) != 0) goto done;
-        bool loadable = base ? safetensors_to_f32(s, base + t[i].offset) == 0 : safetensors_f32_convertible(s);
+        bool loadable = base ? safetensors_load_f32(&st, s, base + t[i].offset) == 0 : safetensors_f32_convertible(s);
         if (!loadable) {
             snprintf(err, errlen, "%s: tensor %s has a dtype stepscope cannot load; use F32, BF16, F16 or F64", path, t[i].hf_name);
             goto done;

@@ -7,21 +7,39 @@
 #include <sys/statvfs.h>
 #include <time.h>
 
+#include "io/safetensors.h"
 #include "util/atomic_file.h"
 
 bool checkpoint_due(int64_t step, int64_t steps, int64_t period) {
     return step >= 0 && step < steps && (step % period == 0 || step == steps - 1);
 }
 
-int64_t checkpoint_count(int64_t steps, int64_t period) {
-    if (steps < 1) return 0;
-    int64_t multiples = (steps - 1) / period + 1; /* 0, period, ... up to steps - 1 */
+int64_t checkpoint_count(int64_t first, int64_t steps, int64_t period) {
+    if (first < 0) first = 0;
+    if (steps <= first) return 0;
+    /* the multiples of period in [first, steps - 1], and the last step if it is none */
+    int64_t multiples = (steps - 1) / period - (first + period - 1) / period + 1;
     return multiples + ((steps - 1) % period != 0);
 }
 
 uint64_t checkpoint_file_bytes(const qwen3_dims_t *d) {
     /* A header entry is the name, dtype, shape and offsets: well under 256 bytes. */
     return (uint64_t)qwen3_num_params(d) * sizeof(float) + (uint64_t)qwen3_tensor_table(d, NULL) * 256 + 4096;
+}
+
+uint64_t checkpoint_bytes(const qwen3_dims_t *d) {
+    /* The moments' files: two tensors and a few metadata strings each, one file a rank. */
+    return 3 * checkpoint_file_bytes(d);
+}
+
+int checkpoint_folder(char *out, size_t n, const config_t *cfg, int64_t step) {
+    int k = snprintf(out, n, "%s/%s/checkpoints/%lld", cfg->base_output_directory, cfg->run_name, (long long)step);
+    return k < 0 || (size_t)k >= n ? -1 : 0;
+}
+
+int checkpoint_optimizer_file(char *out, size_t n, const char *folder, int index, int shards) {
+    int k = snprintf(out, n, "%s/optimizer_state-%05d-of-%05d.safetensors", folder, index, shards);
+    return k < 0 || (size_t)k >= n ? -1 : 0;
 }
 
 int checkpoint_path(char *out, size_t n, const config_t *cfg, int64_t step) {
@@ -33,10 +51,10 @@ int checkpoint_path(char *out, size_t n, const config_t *cfg, int64_t step) {
 
 static double gib(uint64_t b) { return (double)b / 1073741824.0; }
 
-int checkpoint_check_space(const config_t *cfg, const qwen3_dims_t *d, uint64_t available_bytes, char *err,
-                           size_t errlen) {
-    int64_t count = checkpoint_count(cfg->steps, cfg->checkpoint_period);
-    uint64_t each = checkpoint_file_bytes(d), need = (uint64_t)count * each;
+int checkpoint_check_space(const config_t *cfg, const qwen3_dims_t *d, int64_t first_step, uint64_t available_bytes,
+                           char *err, size_t errlen) {
+    int64_t count = checkpoint_count(first_step, cfg->steps, cfg->checkpoint_period);
+    uint64_t each = checkpoint_bytes(d), need = (uint64_t)count * each;
     if (need <= available_bytes) return 0;
     snprintf(err, errlen,
              "enable_checkpointing: the run's %lld checkpoints (the steps that are multiples of checkpoint_period=%lld, and the last) need %.3f GiB "
@@ -46,7 +64,7 @@ int checkpoint_check_space(const config_t *cfg, const qwen3_dims_t *d, uint64_t 
     return -1;
 }
 
-int checkpoint_check(const config_t *cfg, const qwen3_dims_t *d, char *err, size_t errlen) {
+int checkpoint_check(const config_t *cfg, const qwen3_dims_t *d, int64_t first_step, char *err, size_t errlen) {
     char dir[4096];
     if (checkpoint_path(dir, sizeof dir, cfg, -1) != 0) {
         snprintf(err, errlen, "base_output_directory and run_name make a path too long for the checkpoints");
@@ -64,7 +82,7 @@ int checkpoint_check(const config_t *cfg, const qwen3_dims_t *d, char *err, size
         snprintf(err, errlen, "enable_checkpointing: cannot read the free space of %s: %s", dir, strerror(errno));
         return -1;
     }
-    return checkpoint_check_space(cfg, d, (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize, err, errlen);
+    return checkpoint_check_space(cfg, d, first_step, (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize, err, errlen);
 }
 
 /* Hugging Face's config.json for the shape, so that Qwen3ForCausalLM.from_pretrained(folder) opens
@@ -105,36 +123,68 @@ int checkpoint_parameters_file(const char *path, char *out, size_t n, char *err,
     return 0;
 }
 
-int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params, int64_t step,
-                     checkpoint_written_t *out, char *err, size_t errlen) {
+static uint64_t file_size(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+static int write_optimizer_shard(const char *folder, const qwen3_dims_t *d, const checkpoint_optimizer_shard_t *sh,
+                                 int64_t step, uint64_t *bytes, char *err, size_t errlen) {
+    char path[4096], v_step[24], v_updates[24], v_n[24], v_lo[24], v_count[24], v_layout[24];
+    if (checkpoint_optimizer_file(path, sizeof path, folder, sh->index, sh->shards) != 0) {
+        snprintf(err, errlen, "the optimizer state's path in %s is too long", folder);
+        return -1;
+    }
+    snprintf(v_step, sizeof v_step, "%lld", (long long)step);
+    snprintf(v_updates, sizeof v_updates, "%lld", (long long)sh->updates_done);
+    snprintf(v_n, sizeof v_n, "%lld", (long long)sh->num_params);
+    snprintf(v_lo, sizeof v_lo, "%lld", (long long)sh->lo);
+    snprintf(v_count, sizeof v_count, "%lld", (long long)sh->count);
+    snprintf(v_layout, sizeof v_layout, "%016llx", (unsigned long long)qwen3_layout_hash(d));
+    const char *keys[] = {"format", "step", "updates_done", "num_params", "shard_lo", "shard_count", "param_layout"};
+    const char *values[] = {CHECKPOINT_OPTIMIZER_FORMAT, v_step, v_updates, v_n, v_lo, v_count, v_layout};
+    st_write_entry_t e[2] = {{.name = "exp_avg", .ndim = 1, .shape = {sh->count}, .data = sh->m},
+                             {.name = "exp_avg_sq", .ndim = 1, .shape = {sh->count}, .data = sh->v}};
+    if (safetensors_write_f32(path, e, 2, keys, values, sizeof keys / sizeof *keys, err, errlen) != 0) return -1;
+    *bytes += file_size(path);
+    return 0;
+}
+
+int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params,
+                     const checkpoint_optimizer_shard_t *shard, int64_t step, checkpoint_written_t *out, char *err,
+                     size_t errlen) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    char path[4096];
-    if (checkpoint_path(path, sizeof path, cfg, step) != 0) {
+    char folder[4096], path[4096];
+    if (checkpoint_folder(folder, sizeof folder, cfg, step) != 0 || checkpoint_path(path, sizeof path, cfg, step) != 0) {
         snprintf(err, errlen, "the checkpoint path of step %lld is too long", (long long)step);
         return -1;
     }
-    char *slash = strrchr(path, '/');
-    *slash = '\0';
-    if (mkdir_p(path) != 0) {
-        snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+    if (mkdir_p(folder) != 0) {
+        snprintf(err, errlen, "cannot create %s: %s", folder, strerror(errno));
         return -1;
     }
-    *slash = '/';
-    if (qwen3_save_safetensors(params, d, path, err, errlen) != 0) return -1;
-    /* After the weights, so that a folder with a config.json (what Hugging Face's readers look
-     * for) is a whole checkpoint. Qwen3 has the per-head q/k norms; without them the shape is no
-     * Hugging Face model. The positions: Qwen3's own 40960, or the run's length where longer. */
-    *slash = '\0';
-    int rc = d->qk_norm ? write_hf_config(path, d, cfg->max_target_length > 40960 ? cfg->max_target_length : 40960,
-                                          err, errlen)
-                        : 0;
-    *slash = '/';
-    if (rc != 0) return -1;
+    uint64_t bytes = 0;
+    if (shard && write_optimizer_shard(folder, d, shard, step, &bytes, err, errlen) != 0) return -1;
+    if (params) {
+        if (qwen3_save_safetensors(params, d, path, err, errlen) != 0) return -1;
+        bytes += file_size(path);
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    struct stat st;
     *out = (checkpoint_written_t){.step = step,
-                                  .bytes = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0,
+                                  .bytes = bytes,
                                   .seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec)};
     return 0;
+}
+
+int checkpoint_finish(const config_t *cfg, const qwen3_dims_t *d, int64_t step, char *err, size_t errlen) {
+    char folder[4096];
+    if (checkpoint_folder(folder, sizeof folder, cfg, step) != 0) {
+        snprintf(err, errlen, "the checkpoint path of step %lld is too long", (long long)step);
+        return -1;
+    }
+    /* The positions: Qwen3's own 40960, or the run's length where longer. */
+    return d->qk_norm ? write_hf_config(folder, d, cfg->max_target_length > 40960 ? cfg->max_target_length : 40960,
+                                        err, errlen)
+                      : 0;
 }

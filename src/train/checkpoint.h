@@ -1,11 +1,18 @@
-/* checkpoint: parameter checkpoints (enable_checkpointing, checkpoint_period), placed as
+/* checkpoint: full-state checkpoints (enable_checkpointing, checkpoint_period), placed as
  * MaxText places them: after the update of every step that is a multiple of checkpoint_period,
- * and of the last step, in <base_output_directory>/<run_name>/checkpoints/<step>/model.safetensors.
- * The file holds the fp32 master parameters under Hugging Face's Qwen3 names, with the shape in a
- * config.json beside it (Qwen3 shapes, with q/k norms), so load_parameters_path reads it back and
- * transformers' Qwen3ForCausalLM.from_pretrained opens the folder. It is written whole (a temporary file,
- * then a rename) while the steps wait, outside every step's time. Parameters only: AdamW's
- * moments and the step count are not in it, so a run started from one starts its optimizer anew. */
+ * and of the last step, in <base_output_directory>/<run_name>/checkpoints/<step>/:
+ *   model.safetensors  the fp32 master parameters under Hugging Face's Qwen3 names (rank 0);
+ *   optimizer_state-<k>-of-<R>.safetensors
+ *                      AdamW's moments of shard k of the flat parameter vector (dist/zero.h's
+ *                      shards; one file with one rank), with the step, the update count and
+ *                      the layout's fingerprint in its metadata (each rank of the first replica
+ *                      group writes its own);
+ *   config.json        the Qwen3 shape, written by rank 0 after every rank's files, so a folder
+ *                      with a config.json is a whole checkpoint, and transformers'
+ *                      Qwen3ForCausalLM.from_pretrained opens it as a model folder.
+ * load_parameters_path reads the parameters back; load_full_state_path (train/resume.h) resumes
+ * from the whole folder. Files are written whole (a temporary file, then a rename) while the
+ * steps wait, outside every step's time. */
 #ifndef STEPSCOPE_CHECKPOINT_H
 #define STEPSCOPE_CHECKPOINT_H
 
@@ -24,26 +31,51 @@ typedef struct checkpoint_written {
 
 /* Whether the update of `step` (0-based, of `steps`) is checkpointed. */
 bool checkpoint_due(int64_t step, int64_t steps, int64_t period);
-/* How many steps of a run are checkpointed. */
-int64_t checkpoint_count(int64_t steps, int64_t period);
-/* An upper bound of one checkpoint file's size: the parameters in fp32 and the header. */
+/* How many of the steps first .. steps - 1 are checkpointed. */
+int64_t checkpoint_count(int64_t first, int64_t steps, int64_t period);
+/* An upper bound of model.safetensors' size: the parameters in fp32 and the header. */
 uint64_t checkpoint_file_bytes(const qwen3_dims_t *d);
+/* An upper bound of a whole checkpoint's size over every rank: the parameters and AdamW's two
+ * moments in fp32, and the headers. */
+uint64_t checkpoint_bytes(const qwen3_dims_t *d);
 /* <base_output_directory>/<run_name>/checkpoints/<step>/model.safetensors (or the folder of all
  * of them for step < 0). 0, or -1 if it does not fit in n. */
 int checkpoint_path(char *out, size_t n, const config_t *cfg, int64_t step);
+/* <base_output_directory>/<run_name>/checkpoints/<step>. 0, or -1 if it does not fit in n. */
+int checkpoint_folder(char *out, size_t n, const config_t *cfg, int64_t step);
+/* <folder>/optimizer_state-<index>-of-<shards>.safetensors (five digits each, from 0). */
+int checkpoint_optimizer_file(char *out, size_t n, const char *folder, int index, int shards);
+/* The metadata of an optimizer_state file: its format's name, and the keys train/resume.c reads. */
+#define CHECKPOINT_OPTIMIZER_FORMAT "stepscope adamw state 1"
 /* Before set-up, so that a run that cannot keep its checkpoints says so at once: the checkpoints
  * folder must be a folder if it exists, and the run folder's filesystem must have room for all
- * the run's checkpoints (available_bytes: statvfs's, or a test's). One line in err on refusal. */
-int checkpoint_check(const config_t *cfg, const qwen3_dims_t *d, char *err, size_t errlen);
-int checkpoint_check_space(const config_t *cfg, const qwen3_dims_t *d, uint64_t available_bytes, char *err,
-                           size_t errlen);
+ * the checkpoints of steps first_step .. steps - 1 (available_bytes: statvfs's, or a test's).
+ * One line in err on refusal. */
+int checkpoint_check(const config_t *cfg, const qwen3_dims_t *d, int64_t first_step, char *err, size_t errlen);
+int checkpoint_check_space(const config_t *cfg, const qwen3_dims_t *d, int64_t first_step, uint64_t available_bytes,
+                           char *err, size_t errlen);
 /* The file load_parameters_path names: the path itself, or <folder>/model.safetensors where it
  * is a folder (a checkpoint's, or any Hugging Face model folder). 0, or -1 with one line in err. */
 int checkpoint_parameters_file(const char *path, char *out, size_t n, char *err, size_t errlen);
 
-/* Write the parameters after `step`'s update. 0, or -1 with one line in err (nothing left but
- * the folders). */
-int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params, int64_t step,
-                     checkpoint_written_t *out, char *err, size_t errlen);
+/* This rank's part of AdamW's state: the moments m and v of parameters [lo, lo + count) of
+ * num_params, shard `index` of `shards`, after `updates_done` updates. */
+typedef struct checkpoint_optimizer_shard {
+    const float *m, *v;
+    int64_t lo, count, num_params, updates_done;
+    int index, shards;
+} checkpoint_optimizer_shard_t;
+
+/* This rank's files of the checkpoint after `step`'s update: params (NULL on ranks other than 0)
+ * to model.safetensors and shard (NULL on ranks that hold a replica's copy) to its
+ * optimizer_state file. out gets the bytes written and the seconds. 0, or -1 with one line in
+ * err (nothing left but the folders). */
+int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params,
+                     const checkpoint_optimizer_shard_t *shard, int64_t step, checkpoint_written_t *out, char *err,
+                     size_t errlen);
+/* Rank 0, once every rank's checkpoint_write of `step` is done: config.json, the mark of a whole
+ * checkpoint (Qwen3 shapes only: without the q/k norms the shape is no Hugging Face model, and
+ * no config.json is written). 0, or -1 with one line in err. */
+int checkpoint_finish(const config_t *cfg, const qwen3_dims_t *d, int64_t step, char *err, size_t errlen);
 
 #endif

@@ -20,6 +20,7 @@
 #include "profile/xplane.h"
 #include "train/checkpoint.h"
 #include "train/loop_console.h"
+#include "train/resume.h"
 #include "train/state.h"
 #include "util/atomic_file.h"
 #include "util/cpustat.h"
@@ -62,6 +63,11 @@ typedef struct loop {
     const plan_t *plan;
     comm_t *world, *shard, *replica;
     int rank;
+    bool checkpoint_writer; /* holds a shard of the first shard group: writes it in checkpoints */
+    /* The run's steps are first_step .. cfg->steps - 1: 0, or the step after a resumed
+     * checkpoint's (load_full_state_path). Step `first_step + i` is the run's i-th: records, data
+     * batches and the started/completed counters below go by i, what the user sees by the step. */
+    int64_t first_step;
     time_t start_time;  /* rank 0's, so every rank's profile lands in one folder */
     train_state_t state;
     zero_stats_t comm_after_step0; /* step 0 pays one-time costs: left out of the comm figures */
@@ -74,11 +80,12 @@ typedef struct loop {
     /* shared between the threads, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int64_t started, completed; /* highest step started / completed, -1 before any */
+    int64_t started, completed; /* the run's i of the highest step started / completed, -1 before any */
     int finished;
     int stop_requested;
     int profile_pending;
-    int64_t checkpoint_pending; /* step + 1 whose parameters the host thread writes now; 0: none */
+    int64_t checkpoint_pending; /* i + 1 of the step whose checkpoint the host thread writes now; 0: none */
+    bool checkpoint_finishing;  /* with it: rank 0's config.json after every rank's files */
     /* the compute thread's clock: when step 0 started, and the pauses between steps
      * (evaluations, checkpoint writes, the profile's write) */
     int64_t steps_start_ns, eval_ns, checkpoint_ns, profile_ns;
@@ -110,6 +117,14 @@ static bool eval_due(const config_t *cfg, int64_t step) {
     return cfg->eval_interval > 0 && step > 0 && (step + 1) % cfg->eval_interval == 0;
 }
 
+/* How many evaluations a run with no resume would have made before step `first`: a resumed run
+ * reads its evaluation batches from there on, as the run it goes on from would have. */
+static int64_t evaluations_before(const config_t *cfg, int64_t first) {
+    int64_t n = 0;
+    for (int64_t s = 0; s < first; s++) n += eval_due(cfg, s);
+    return n;
+}
+
 /* eval_steps batches, forward and loss only, on the compute thread between two steps. In the
  * profiler's window it is one span, its kernels unrecorded: the window's kernels are the
  * training steps'. */
@@ -133,12 +148,22 @@ static void evaluate(loop_t *l, step_record_t *rec) {
     }
 }
 
+/* The host thread writes this step's checkpoint files (finishing: rank 0's config.json); the
+ * compute thread waits, holding mu. Whether the write failed. */
+static bool host_writes_checkpoint(loop_t *l, int64_t i, bool finishing) {
+    l->checkpoint_pending = i + 1;
+    l->checkpoint_finishing = finishing;
+    pthread_cond_broadcast(&l->cv);
+    while (l->checkpoint_pending) pthread_cond_wait(&l->cv, &l->mu);
+    return l->checkpoint_failed;
+}
+
 static void *compute_main(void *arg) {
     loop_t *l = arg;
     omp_set_num_threads(l->plan->num_threads);
     int64_t last_end = now_ns();
     l->steps_start_ns = last_end;
-    for (int64_t step = 0; step < l->cfg->steps; step++) {
+    for (int64_t i = 0, step = l->first_step; step < l->cfg->steps; i++, step++) {
         pthread_mutex_lock(&l->mu);
         int stop = l->stop_requested || g_signal;
         pthread_mutex_unlock(&l->mu);
@@ -147,7 +172,7 @@ static void *compute_main(void *arg) {
         if (l->state.zero) stop = zero_any(l->state.zero, stop);
         if (stop) break;
         pthread_mutex_lock(&l->mu);
-        l->started = step;
+        l->started = i;
         log_event(l, "start", step);
         pthread_cond_broadcast(&l->cv);
         pthread_mutex_unlock(&l->mu);
@@ -156,12 +181,12 @@ static void *compute_main(void *arg) {
         int64_t span = trace_begin(l->trace);
         double wait = 0.0;
         int64_t wait_span = trace_begin(l->trace);
-        const int32_t *tokens = data_next(l->data, step, &wait);
+        const int32_t *tokens = data_next(l->data, i, &wait);
         trace_end(l->trace, LANE_COMPUTE, l->span_data_wait, wait_span, 0);
         step_result_t res;
         train_step(&l->state, tokens, &res);
-        data_release(l->data, step);
-        if (step == 0 && l->state.zero) l->comm_after_step0 = zero_stats(l->state.zero);
+        data_release(l->data, i);
+        if (i == 0 && l->state.zero) l->comm_after_step0 = zero_stats(l->state.zero);
         int64_t end = now_ns();
         if (l->trace) trace_end_step(l->trace, LANE_COMPUTE, l->span_train, span, step);
         step_record_t rec = {.step = step, .loss = res.loss, .raw_grad_norm = res.raw_grad_norm,
@@ -173,8 +198,8 @@ static void *compute_main(void *arg) {
         }
 
         pthread_mutex_lock(&l->mu);
-        l->records[step] = rec;
-        l->completed = step;
+        l->records[i] = rec;
+        l->completed = i;
         pthread_cond_broadcast(&l->cv);
         if (step == l->profile_last) {
             trace_set_recording(l->trace, false);
@@ -185,21 +210,18 @@ static void *compute_main(void *arg) {
             end = pause_ended(&l->profile_ns, end);
         }
         if (l->cfg->enable_checkpointing && checkpoint_due(step, l->cfg->steps, l->cfg->checkpoint_period)) {
-            /* Rank 0's host thread writes it; every rank starts its next step, and its clock,
-             * after it, so no step time holds the write or a wait for it. */
-            bool failed = false;
+            /* The host threads of the first shard group write its files (rank 0's the
+             * parameters too), then rank 0's config.json marks the checkpoint whole; every rank
+             * starts its next step, and its clock, after them, so no step time holds a write or a
+             * wait for one. A config.json that fails stops the ranks at the next step's vote. */
             int64_t span = trace_begin(l->trace);
-            if (l->rank == 0) {
-                l->checkpoint_pending = step + 1;
-                pthread_cond_broadcast(&l->cv);
-                while (l->checkpoint_pending) pthread_cond_wait(&l->cv, &l->mu);
-                failed = l->checkpoint_failed;
-            }
+            bool failed = l->checkpoint_writer && host_writes_checkpoint(l, i, false);
             if (l->state.zero) {
                 pthread_mutex_unlock(&l->mu);
                 failed = zero_any(l->state.zero, failed);
                 pthread_mutex_lock(&l->mu);
             }
+            if (!failed && l->rank == 0) failed = host_writes_checkpoint(l, i, true);
             if (failed) l->stop_requested = 1;
             trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint, span, 0);
             end = pause_ended(&l->checkpoint_ns, end);
@@ -289,7 +311,7 @@ static int open_data(loop_t *l, char *err, size_t errlen) {
                           .global_batch = cfg->per_device_batch_size * l->plan->num_ranks,
                           .row_offset = cfg->per_device_batch_size * l->rank,
                           .local_batch = cfg->per_device_batch_size, .seed = (uint64_t)cfg->data_seed,
-                          .depth = cfg->prefetch_depth, .delay_ms = cfg->data_delay_ms, .trace = l->trace,
+                          .first_batch = l->first_step, .depth = cfg->prefetch_depth, .delay_ms = cfg->data_delay_ms, .trace = l->trace,
                           .trace_lane = LANE_DATA};
     if (data_open(&l->data, &opt, err, errlen) != 0) return -1;
     if (cfg->eval_interval < 1) return 0;
@@ -297,6 +319,7 @@ static int open_data(loop_t *l, char *err, size_t errlen) {
      * spans, since the data lane has one writer, the training data's producer. */
     if (cfg->eval_dataset_path[0]) opt.dataset_path = cfg->eval_dataset_path;
     opt.seed = (uint64_t)cfg->data_seed + 1;
+    opt.first_batch = evaluations_before(cfg, l->first_step) * cfg->eval_steps;
     opt.trace = NULL;
     if (data_open(&l->eval_data, &opt, err, errlen) == 0) return 0;
     char inner[512];
@@ -329,6 +352,32 @@ static void pause_end(const pause_t *p, cpustat_t *window_start) {
     if (p->read && cpustat_read(&end)) cpustat_leave_out(window_start, &p->start, &end);
 }
 
+/* load_full_state_path, checked from its files' headers before anything is created or set up:
+ * the run goes on from the step after its checkpoint, so there must be steps left, and the
+ * profiler's window (skip_first_n_steps_for_profiler counts from the run's first step, as in
+ * MaxText) must open before the last. */
+static int resume_point(const config_t *cfg, const plan_t *plan, int64_t *first_step, char *err, size_t errlen) {
+    full_state_t fs;
+    if (full_state_open(&fs, cfg->load_full_state_path, &plan->dims, err, errlen) != 0) return -1;
+    int64_t step = fs.step;
+    full_state_close(&fs);
+    if (step + 1 >= cfg->steps) {
+        snprintf(err, errlen, "load_full_state_path=%s holds the state after step %lld, and steps=%lld ends the run "
+                 "there (steps counts from step 0, as in MaxText); set steps above %lld", cfg->load_full_state_path,
+                 (long long)step, (long long)cfg->steps, (long long)(step + 1));
+        return -1;
+    }
+    if (strcmp(cfg->profiler, "xplane") == 0 && step + 1 + cfg->skip_first_n_steps_for_profiler >= cfg->steps) {
+        snprintf(err, errlen, "skip_first_n_steps_for_profiler=%lld: the run resumes at step %lld (load_full_state_path) "
+                 "and ends before step %lld, so the profiler's window would open past its last step; lower it, raise "
+                 "steps, or set profiler=\"\"", (long long)cfg->skip_first_n_steps_for_profiler, (long long)(step + 1),
+                 (long long)cfg->steps);
+        return -1;
+    }
+    *first_step = step + 1;
+    return 0;
+}
+
 int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     int64_t run_start_ns = now_ns();
     loop_t l = {.cfg = cfg, .plan = plan, .world = world, .rank = comm_rank(world), .started = -1, .completed = -1,
@@ -345,17 +394,20 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     int64_t start = (int64_t)time(NULL);
     comm_bcast_i64(world, &start, 1, 0);
     l.start_time = (time_t)start;
+    l.checkpoint_writer = l.rank < plan->shard_ranks; /* the first shard group (dist/zero.h) */
+    if (cfg->load_full_state_path[0] && resume_point(cfg, plan, &l.first_step, err, errlen) != 0) rc = LOOP_FAILED;
+    const int64_t run_steps = cfg->steps - l.first_step;
     report_t *report = NULL;
     profile_files_t pf = {0};
     checkpoints_written_t checkpoints = {0};
     pthread_mutex_init(&l.mu, NULL);
     pthread_cond_init(&l.cv, NULL);
     if (getenv("STEPSCOPE_EVENT_LOG")) {
-        l.events_cap = (size_t)cfg->steps * 48 + 64;
+        l.events_cap = (size_t)run_steps * 48 + 64;
         l.events = calloc(1, l.events_cap);
     }
-    l.records = calloc((size_t)cfg->steps, sizeof *l.records);
-    if (!l.records) {
+    l.records = calloc((size_t)run_steps, sizeof *l.records);
+    if (rc == LOOP_OK && !l.records) {
         snprintf(err, errlen, "out of memory for %lld steps of records; lower steps", (long long)cfg->steps);
         rc = LOOP_FAILED;
     }
@@ -365,7 +417,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     if (rc == LOOP_OK && strcmp(cfg->profiler, "xplane") == 0 && (writer || cfg->upload_all_profiler_results)) {
-        l.profile_first = cfg->skip_first_n_steps_for_profiler;
+        l.profile_first = l.first_step + cfg->skip_first_n_steps_for_profiler;
         l.profile_last = l.profile_first + cfg->profiler_steps - 1;
         if (l.profile_last > cfg->steps - 1) l.profile_last = cfg->steps - 1;
         size_t per_lane = events_per_step(plan) * (size_t)(l.profile_last - l.profile_first + 1);
@@ -394,9 +446,9 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     /* The data source and the output files are opened before set-up, which touches every planned
      * buffer (4-14 s for qwen3-0.6b here, minutes for the larger presets): a wrong dataset_path
      * or an unwritable base_output_directory is said at once, on every rank. */
-    if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, err, errlen) != 0)))
+    if (rc == LOOP_OK && (open_data(&l, err, errlen) != 0 || (writer && report_open(&report, cfg, plan, peak, l.first_step, err, errlen) != 0)))
         rc = LOOP_FAILED;
-    if (rc == LOOP_OK && writer && cfg->enable_checkpointing && checkpoint_check(cfg, &plan->dims, err, errlen) != 0)
+    if (rc == LOOP_OK && writer && cfg->enable_checkpointing && checkpoint_check(cfg, &plan->dims, l.first_step, err, errlen) != 0)
         rc = LOOP_FAILED;
     if (rc == LOOP_OK && cfg->load_parameters_path[0]) { /* its header, names and shapes: the data loads in set-up */
         char params_file[4096];
@@ -457,18 +509,27 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             continue;
         }
         if (l.checkpoint_pending) {
-            int64_t step = l.checkpoint_pending - 1;
+            int64_t i = l.checkpoint_pending - 1, step = l.first_step + i;
+            bool finishing = l.checkpoint_finishing;
             pthread_mutex_unlock(&l.mu);
             checkpoint_written_t ck = {0};
             char ck_err[600];
             pause_t pause = pause_begin(load_from_step1);
-            bool ok = checkpoint_write(cfg, &plan->dims, l.state.params, step, &ck, ck_err, sizeof ck_err) == 0;
+            const train_state_t *st = &l.state;
+            const checkpoint_optimizer_shard_t shard = {
+                .m = st->adam_m, .v = st->adam_v, .lo = st->shard_lo, .count = st->shard_n,
+                .num_params = plan->num_params, .updates_done = st->updates_done,
+                .index = comm_rank(l.shard), .shards = plan->shard_ranks};
+            bool ok = finishing ? checkpoint_finish(cfg, &plan->dims, step, ck_err, sizeof ck_err) == 0
+                                : checkpoint_write(cfg, &plan->dims, l.rank == 0 ? st->params : NULL, &shard, step, &ck,
+                                                   ck_err, sizeof ck_err) == 0;
             pause_end(&pause, &load_before);
             pthread_mutex_lock(&l.mu);
-            log_event(&l, "checkpoint", step);
-            if (ok) {
-                l.records[step].checkpoint_bytes = ck.bytes;
-                l.records[step].checkpoint_seconds = ck.seconds;
+            if (!finishing) log_event(&l, "checkpoint", step);
+            if (ok && !finishing) {
+                l.records[i].checkpoint_bytes = ck.bytes;
+                l.records[i].checkpoint_seconds = ck.seconds;
+            } else if (ok) {
                 checkpoints.count++;
                 checkpoints.last_step = step;
             } else if (!checkpoint_err[0]) {
@@ -484,14 +545,14 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         /* Read step `next` only once step next+1 has started (or the run is over). */
         if (l.completed >= next && (l.started > next || l.finished)) {
             step_record_t rec = l.records[next];
-            log_event(&l, "read", next);
+            log_event(&l, "read", l.first_step + next);
             pthread_mutex_unlock(&l.mu);
             if (next == 0) load_from_step1 = cpustat_read(&load_before); /* step 1 has started */
             memstat_t mem;
             rec.memory_measured = memstat_read(&mem);
             rec.rss_bytes = mem.rss_bytes, rec.peak_rss_bytes = mem.peak_rss_bytes;
             if (rc == LOOP_OK && report && report_step(report, &rec, err, errlen) != 0) rc = LOOP_FAILED;
-            if (report && rec.checkpoint_bytes) console_checkpoint(cfg, &rec);
+            if (report && rec.checkpoint_bytes) console_checkpoint(cfg, plan, &rec);
             if (report && rec.eval_batches) console_eval(plan, peak, &rec);
             if (rc == LOOP_OK && ((isnan(rec.loss) && cfg->abort_on_nan_loss) || (isinf(rec.loss) && cfg->abort_on_inf_loss))) {
                 snprintf(err, errlen, "loss is %s at step %lld; the run diverged: lower learning_rate or set "
@@ -520,14 +581,15 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         report_set_other_load(report, others, steal);
     }
     /* Stopped inside the profiling window (a signal, a diverging run): keep the steps recorded. */
-    if (l.trace && !pf.written && !profile_failed && l.completed >= l.profile_first && l.completed < l.profile_last) {
+    const int64_t last_completed = l.first_step + l.completed;
+    if (l.trace && !pf.written && !profile_failed && last_completed >= l.profile_first && last_completed < l.profile_last) {
         trace_set_recording(l.trace, false);
-        l.profile_last = l.completed;
+        l.profile_last = last_completed;
         if (write_profile(&l, peak, &pf, profile_err, sizeof profile_err) != 0) profile_failed = 1;
     }
     if (rc == LOOP_OK && g_signal) {
         snprintf(err, errlen, "interrupted by %s after step %lld; metrics %s so far are written%s%s",
-                 g_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)l.completed,
+                 g_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)last_completed,
                  profile_failed ? "" : "and profile", profile_failed ? "; the profile could not be: " : "",
                  profile_failed ? profile_err : "");
         rc = 128 + g_signal;

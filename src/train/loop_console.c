@@ -39,16 +39,25 @@ void console_setup(const config_t *cfg, const plan_t *plan, const train_state_t 
            "parameters %s in %.2f s\n",
            (double)st->setup_touched_bytes / GIB, st->setup_touch_s,
            st->setup_touch_s > 0 ? (double)st->setup_touched_bytes / st->setup_touch_s / 1e9 : 0.0,
-           cfg->load_parameters_path[0] ? "loaded" : "initialised", st->setup_params_s);
+           st->resumed_step >= 0            ? "and AdamW state loaded"
+           : cfg->load_parameters_path[0] ? "loaded"
+                                          : "initialised",
+           st->setup_params_s);
+    if (st->resumed_step >= 0)
+        printf("resumed: the state after step %lld (%lld AdamW updates) from %s; steps %lld..%lld run now\n",
+               (long long)st->resumed_step, (long long)st->updates_done, cfg->load_full_state_path,
+               (long long)st->resumed_step + 1, (long long)cfg->steps - 1);
 }
 
-void console_checkpoint(const config_t *cfg, const step_record_t *rec) {
-    char path[4096];
-    checkpoint_path(path, sizeof path, cfg, rec->step);
+void console_checkpoint(const config_t *cfg, const plan_t *plan, const step_record_t *rec) {
+    char folder[4096];
+    checkpoint_folder(folder, sizeof folder, cfg, rec->step);
     bool gib = rec->checkpoint_bytes >= (uint64_t)GIB;
-    printf("checkpoint: step %lld's parameters, %.3f %s in %.3f s (%.3f GB/s), outside the step times: %s\n",
+    printf("checkpoint: step %lld's parameters and AdamW state, %.3f %s%s in %.3f s (%.3f GB/s), outside the step "
+           "times: %s\n",
            (long long)rec->step, (double)rec->checkpoint_bytes / (gib ? GIB : MIB), gib ? "GiB" : "MiB",
-           rec->checkpoint_seconds, (double)rec->checkpoint_bytes / rec->checkpoint_seconds / 1e9, path);
+           plan->shard_ranks > 1 ? " (rank 0's files)" : "", rec->checkpoint_seconds,
+           (double)rec->checkpoint_bytes / rec->checkpoint_seconds / 1e9, folder);
 }
 
 /* A batch's forward in MaxText's count (plan_forward_tflops_per_device), so its TFLOP/s and MFU
@@ -85,8 +94,10 @@ void console_files(const report_t *r, const profile_files_t *pf, const checkpoin
     if (ck->count) {
         char dir[4096];
         checkpoint_path(dir, sizeof dir, cfg, -1);
-        printf("  %s/ (%lld parameter checkpoint%s, the last after step %lld: load_parameters_path=%s/%lld)\n", dir,
-               (long long)ck->count, ck->count == 1 ? "" : "s", (long long)ck->last_step, dir, (long long)ck->last_step);
+        printf("  %s/ (%lld checkpoint%s, the last after step %lld: load_full_state_path=%s/%lld resumes from it, "
+               "load_parameters_path=%s/%lld starts from its parameters)\n",
+               dir, (long long)ck->count, ck->count == 1 ? "" : "s", (long long)ck->last_step, dir,
+               (long long)ck->last_step, dir, (long long)ck->last_step);
     }
     if (pf->written) {
         printf("  %s\n  %s\n  %s\n", pf->xplane, pf->trace, pf->summary);

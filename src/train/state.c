@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "train/checkpoint.h"
+#include "train/resume.h"
 #include "util/arena.h"
 
 static float *alloc_floats(uint64_t bytes, const char *what, char *err, size_t errlen) {
@@ -45,7 +46,22 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         return 1;
     }
     char params_file[4096];
-    if (cfg->load_parameters_path[0]) {
+    s->resumed_step = -1;
+    if (cfg->load_full_state_path[0]) {
+        full_state_t fs;
+        int rc = full_state_open(&fs, cfg->load_full_state_path, d, err, errlen);
+        if (rc == 0) {
+            rc = qwen3_load_safetensors(s->params, d, fs.model_file, err, errlen) != 0 ||
+                 full_state_read_moments(&fs, s->shard_lo, s->shard_n, s->adam_m, s->adam_v, err, errlen) != 0;
+            s->updates_done = fs.updates_done;
+            s->resumed_step = fs.step;
+            full_state_close(&fs);
+        }
+        if (rc != 0) {
+            train_state_destroy(s);
+            return 1;
+        }
+    } else if (cfg->load_parameters_path[0]) {
         if (checkpoint_parameters_file(cfg->load_parameters_path, params_file, sizeof params_file, err, errlen) != 0 ||
             qwen3_load_safetensors(s->params, d, params_file, err, errlen) != 0) {
             train_state_destroy(s);

@@ -37,6 +37,7 @@ typedef struct train_state {
     adamw_hparams_t adam;
     double clip;
     int64_t updates_done;
+    int64_t resumed_step; /* load_full_state_path: the step its checkpoint holds; -1 otherwise */
     trace_t *trace;
     uint32_t span_optimizer, span_grad_norm, span_adamw;
     /* Where set-up's time went, for the console: the arena's buffers (mapped and every page
@@ -52,7 +53,8 @@ typedef struct step_result {
     double grad_norm;     /* after clipping */
 } step_result_t;
 
-/* Allocate from the plan, then load parameters (load_parameters_path) or initialise them
+/* Allocate from the plan, then resume (load_full_state_path: parameters, this rank's shard of
+ * AdamW's moments, the update count), load parameters (load_parameters_path) or initialise them
  * from init_weights_seed (every rank the same). par: the rank groups, NULL for one process.
  * Non-zero with one line in err on failure (nothing left allocated). */
 int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan, trace_t *trace,

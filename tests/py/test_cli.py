@@ -534,7 +534,7 @@ def test_summary_json_follows_its_run(tmp_path):
     train(tmp_path, "steps=2")
     assert (run_dir(tmp_path) / "summary.json").exists()
     r = train(tmp_path, "steps=1")
-    assert "run steps >= 2 for a summary" in r.stdout
+    assert "run 2 steps or more for a summary without the first (step 0)" in r.stdout
     assert not (run_dir(tmp_path) / "summary.json").exists()
     assert "summary.json" not in r.stdout
     m = tmp_path / "m" / "x.jsonl"
@@ -1128,8 +1128,17 @@ TINY_LAYER = [  # (suffix, rows, cols) as in QWEN3_LAYER_TENSORS, tiny shape
 
 # ---- checkpoints -------------------------------------------------------------------------------
 
+OPTIMIZER_FILE = "optimizer_state-00000-of-00001.safetensors"
+
+
 def checkpoint_file(tmp_path, step, run_name=RUN):
     return run_dir(tmp_path, run_name) / "checkpoints" / str(step) / "model.safetensors"
+
+
+def checkpoint_bytes(folder):
+    """What one process writes of a checkpoint: the parameters and AdamW's state (config.json
+    aside, the mark of a whole checkpoint written after them)."""
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
 def safetensors_header(path):
@@ -1150,7 +1159,8 @@ def test_checkpoints_load_back(tmp_path, dtype):
               env_extra={"STEPSCOPE_EVENT_LOG": str(log)})
     ckdir = run_dir(tmp_path) / "checkpoints"
     assert sorted(p.relative_to(ckdir).as_posix() for p in ckdir.rglob("*")) == [
-        f"{s}{f}" for s in (0, 2, 4) for f in ("", "/config.json", "/model.safetensors")]   # no temporaries
+        f"{s}{f}" for s in (0, 2, 4)
+        for f in ("", "/config.json", "/model.safetensors", f"/{OPTIMIZER_FILE}")]   # no temporaries
     hf = json.loads((ckdir / "2" / "config.json").read_text())
     assert (hf["model_type"], hf["vocab_size"], hf["hidden_size"], hf["num_hidden_layers"], hf["head_dim"],
             hf["tie_word_embeddings"]) == ("qwen3", 256, 64, 2, 16, True)
@@ -1172,18 +1182,19 @@ def test_checkpoints_load_back(tmp_path, dtype):
     lines = r.stdout.splitlines()
     for s in (0, 2, 4):
         i = next(k for k, l in enumerate(lines) if l.startswith(f"completed step: {s},"))
-        assert lines[i + 1].startswith(f"checkpoint: step {s}'s parameters, "), lines[i + 1]
+        assert lines[i + 1].startswith(f"checkpoint: step {s}'s parameters and AdamW state, "), lines[i + 1]
         assert "outside the step times" in lines[i + 1]
-        assert lines[i + 1].endswith(str(checkpoint_file(tmp_path, s))), lines[i + 1]
+        assert lines[i + 1].endswith(str(ckdir / str(s))), lines[i + 1]
     recs, raw = read_metrics(tmp_path)
     assert [m["step"] for m in recs if "checkpoint/bytes" in m] == [0, 2, 4]
     for m in recs:
         if "checkpoint/bytes" in m:
-            assert m["checkpoint/bytes"] == checkpoint_file(tmp_path, m["step"]).stat().st_size
+            assert m["checkpoint/bytes"] == checkpoint_bytes(ckdir / str(m["step"]))
             assert m["checkpoint/write_seconds"] > 0
-    assert f"{ckdir}/ (3 parameter checkpoints, the last after step 4: load_parameters_path=" in r.stdout
+    assert (f"{ckdir}/ (3 checkpoints, the last after step 4: load_full_state_path={ckdir}/4 resumes from it, "
+            f"load_parameters_path={ckdir}/4 starts from its parameters)") in r.stdout
     # the summary: how many, their size, the median write
-    size = checkpoint_file(tmp_path, 4).stat().st_size
+    size = checkpoint_bytes(ckdir / "4")
     summ = json.loads((run_dir(tmp_path) / "summary.json").read_text())
     assert (summ["checkpoint/count"], summ["checkpoint/bytes"]) == (3, size)
     writes = sorted(m["checkpoint/write_seconds"] for m in recs if "checkpoint/bytes" in m)
@@ -1213,7 +1224,7 @@ def test_checkpoints_that_cannot_be_kept_are_refused_before_set_up(tmp_path):
     r = stepscope(tmp_path, *FAST[1:], "model_name=qwen3-0.6b", "run_name=big", "enable_checkpointing=true",
                   "steps=1000000", "checkpoint_period=1")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "the run's 1000000 checkpoints" in r.stderr and "2.221 GiB each" in r.stderr, r.stderr
+    assert "the run's 1000000 checkpoints" in r.stderr and "6.662 GiB each" in r.stderr, r.stderr
     assert "raise checkpoint_period, lower steps or free space" in r.stderr
     assert "set-up:" not in r.stdout
     assert not run_dir(tmp_path, "big").exists()
@@ -1248,8 +1259,97 @@ def test_dry_run_counts_checkpoints(tmp_path):
     assert r.returncode == 0, r.stderr
     plan = parse_plan(r.stdout)
     assert plan["checkpoints"].startswith("3 ")    # 0, 10, 20
-    assert int(plan["checkpoint_bytes_each"].split()[0]) >= 4 * int(plan["num_parameters"])
+    assert int(plan["checkpoint_bytes_each"].split()[0]) >= 12 * int(plan["num_parameters"])
     assert "checkpoints" not in parse_plan(stepscope(tmp_path, *FAST, "--dry-run").stdout)
+
+
+# ---- resuming (load_full_state_path) -----------------------------------------------------------
+
+def resumable_run(tmp_path, dtype, *extra, run_name=RUN, **kw):
+    """9 steps on token files for training and evaluation (whose positions a resumed run must
+    take up), evaluating after steps 1, 3, 5, 7, checkpointing after 0, 4 and 8."""
+    rng = np.random.default_rng(7)
+    train_ids = tmp_path / "train.bin"
+    if not train_ids.exists():
+        write_tokens(train_ids, rng.integers(0, 256, size=20000))
+        write_tokens(tmp_path / "eval.bin", rng.integers(0, 256, size=9000))
+    return train(tmp_path, "steps=9", f"dtype={dtype}", "dataset_type=tokens", f"dataset_path={train_ids}",
+                 f"eval_dataset_path={tmp_path / 'eval.bin'}", "eval_interval=2", "eval_steps=2",
+                 "enable_checkpointing=true", "checkpoint_period=4", *extra, run_name=run_name, **kw)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_full_state_resumes_to_the_same_bits(tmp_path, dtype):
+    """A run resumed from step 4's checkpoint (parameters, AdamW's moments and update count) runs
+    steps 5..8 and computes the very losses and evaluations, to the last bit, that the run it
+    goes on from computed there: the same parameters, optimizer state, bias corrections, training
+    batches (token windows by step) and evaluation batches (the ones after the four read before
+    step 5). Its step-8 checkpoint is the same bytes as the first run's. It counts its steps as
+    MaxText does (steps is the last step + 1), opens the profiler's window after its own first
+    step, and leaves its own first step out of the summary."""
+    resumable_run(tmp_path, dtype)
+    folder = run_dir(tmp_path) / "checkpoints" / "4"
+    log = tmp_path / "events.txt"
+    r = resumable_run(tmp_path, dtype, f"load_full_state_path={folder}", "profiler=xplane", "profiler_steps=2",
+                      run_name="resumed", env_extra={"STEPSCOPE_EVENT_LOG": str(log)})
+    assert f"resumed: the state after step 4 (5 AdamW updates) from {folder}; steps 5..8 run now" in r.stdout
+    assert "parameters and AdamW state loaded in " in r.stdout
+    first, first_raw = read_metrics(tmp_path)
+    again, again_raw = read_metrics(tmp_path, "resumed")
+    assert [m["step"] for m in again] == [5, 6, 7, 8]
+    assert raw_losses(again_raw) == raw_losses(first_raw)[5:]
+    evals = [(m["step"], m["eval/avg_loss"]) for m in first if "eval/avg_loss" in m]
+    assert [(m["step"], m["eval/avg_loss"]) for m in again if "eval/avg_loss" in m] == evals[2:]
+    assert [m["learning/grad_norm"] for m in again] == [m["learning/grad_norm"] for m in first[5:]]
+    ck = run_dir(tmp_path, "resumed") / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir()) == ["8"]
+    for f in ("model.safetensors", OPTIMIZER_FILE, "config.json"):
+        assert (ck / "8" / f).read_bytes() == (run_dir(tmp_path) / "checkpoints" / "8" / f).read_bytes(), f
+    events = log.read_text().splitlines()
+    assert events[0] == "start 5" and "read 8" in events
+    assert "op summary, profiled steps 6..7:" in r.stdout
+    assert "summary over steps 6..8 (3 steps; step 5 left out):" in r.stdout
+    assert re.search(r"s before step 5 \(probes, data, set-up\), \d+\.\d\d s in steps 5\.\.8, ", r.stdout), r.stdout
+    summ = json.loads((run_dir(tmp_path, "resumed") / "summary.json").read_text())
+    assert (summ["steps_logged"], summ["summary_first_step"], summ["summary_last_step"]) == (4, 6, 8)
+    # and once more from the resumed run's own last checkpoint: nothing left to run
+    r = stepscope(tmp_path, *FAST, "run_name=none", "steps=9", f"load_full_state_path={ck / '8'}")
+    assert r.returncode == 1 and "holds the state after step 8, and steps=9 ends the run there" in r.stderr
+    assert "set steps above 9" in r.stderr
+
+
+def test_full_state_refusals_before_set_up(tmp_path):
+    """What load_full_state_path cannot resume from is said in one line before set-up, and the run
+    leaves no folder: both load paths at once, a file, a folder of parameters only, a checkpoint
+    missing its parameters, another model's state, no steps left, a profile window past the end
+    (a missing shard of several: test_checkpoint.c and test_mpi.py)."""
+    train(tmp_path, "steps=3", "enable_checkpointing=true", "checkpoint_period=2")
+    ck = run_dir(tmp_path) / "checkpoints"
+    r = stepscope(tmp_path, *FAST, "run_name=x", f"load_full_state_path={ck / '2'}",
+                  f"load_parameters_path={ck / '2'}")
+    assert r.returncode == 2 and "at most one of them" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    params_only = tmp_path / "hf"
+    params_only.mkdir()
+    (params_only / "model.safetensors").write_bytes((ck / "2" / "model.safetensors").read_bytes())
+    cases = [
+        ([f"load_full_state_path={ck / '2' / 'model.safetensors'}"], "is not a folder"),
+        ([f"load_full_state_path={params_only}"], "holds parameters only; start a run from them with "
+                                                   f"load_parameters_path={params_only}"),
+        ([f"load_full_state_path={ck / '2'}", "steps=3"], "holds the state after step 2, and steps=3 ends the run"),
+        ([f"load_full_state_path={ck / '2'}", "steps=5", "profiler=xplane", "skip_first_n_steps_for_profiler=2"],
+         "the run resumes at step 3 (load_full_state_path) and ends before step 5"),
+        ([f"load_full_state_path={ck / '2'}", "steps=5", "override_model_config=true", "base_mlp_dim=160"],
+         "another layout"),
+    ]
+    (ck / "0" / "model.safetensors").unlink()
+    cases.append(([f"load_full_state_path={ck / '0'}", "steps=5"], "has no model.safetensors; the checkpoint is "
+                                                                     "incomplete"))
+    for args, needle in cases:
+        r = stepscope(tmp_path, *FAST, "run_name=x", *args)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert needle in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert "set-up:" not in r.stdout
+        assert not run_dir(tmp_path, "x").exists(), args
 
 
 # ---- evaluation --------------------------------------------------------------------------------

@@ -148,28 +148,74 @@ def read_safetensors_f32(path):
 
 
 def test_checkpoints_of_ranks(tmp_path):
-    """Every rank holds the whole parameters after the all-gather; rank 0 alone writes them, and
-    the other ranks wait for it at the step's end. The file holds what one process's run holds
-    (to the ranks' reduction order), and a run started from it continues where the ranks were."""
+    """Every rank holds the whole parameters after the all-gather; rank 0 alone writes them, each
+    rank its shard of AdamW's moments, and rank 0 the config.json once all are written; the ranks
+    wait for them at the step's end. The parameters are what one process's run holds (to the
+    ranks' reduction order), and the two shards together are its moments; a run started from the
+    parameters continues where the ranks were."""
     ck = ["enable_checkpointing=true", "checkpoint_period=2"]
     single(tmp_path, *FAST, "steps=5", "per_device_batch_size=4", "run_name=one", *ck)
     r = mpirun(tmp_path, 2, *FAST, "steps=5", "per_device_batch_size=2", "run_name=many", *ck)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("checkpoint: step ") == 3
+    assert r.stdout.count("checkpoint: step ") == 3 and "(rank 0's files)" in r.stdout
     listing = {run: sorted(p.relative_to(tmp_path / "out" / run / "checkpoints").as_posix()
                            for p in (tmp_path / "out" / run / "checkpoints").rglob("*")) for run in ("one", "many")}
-    assert listing["many"] == listing["one"] == [f"{s}{f}" for s in (0, 2, 4)
-                                                 for f in ("", "/config.json", "/model.safetensors")]
+    files = {"one": ["optimizer_state-00000-of-00001.safetensors"],
+             "many": ["optimizer_state-00000-of-00002.safetensors", "optimizer_state-00001-of-00002.safetensors"]}
+    for run in ("one", "many"):
+        assert listing[run] == [f"{s}{f}" for s in (0, 2, 4)
+                                for f in ["", "/config.json", "/model.safetensors"] + [f"/{n}" for n in files[run]]]
     for step in (0, 2, 4):
-        a, b = (read_safetensors_f32(tmp_path / "out" / run / "checkpoints" / str(step) / "model.safetensors")
-                for run in ("one", "many"))
+        folder = {run: tmp_path / "out" / run / "checkpoints" / str(step) for run in ("one", "many")}
+        a, b = (read_safetensors_f32(folder[run] / "model.safetensors") for run in ("one", "many"))
         assert a.keys() == b.keys()
         for k in a:
             assert np.linalg.norm(a[k] - b[k]) <= TOL * np.linalg.norm(a[k]), (step, k)
+        one = read_safetensors_f32(folder["one"] / files["one"][0])
+        shards = [read_safetensors_f32(folder["many"] / n) for n in files["many"]]
+        for k in ("exp_avg", "exp_avg_sq"):
+            joined = np.concatenate([sh[k] for sh in shards])
+            assert joined.shape == one[k].shape
+            assert np.linalg.norm(joined - one[k]) <= 10 * TOL * np.linalg.norm(one[k]), (step, k)
     single(tmp_path, *FAST, "steps=1", "per_device_batch_size=4", "run_name=from2",
            f"load_parameters_path={tmp_path / 'out' / 'many' / 'checkpoints' / '2' / 'model.safetensors'}")
     resumed, many = metrics(tmp_path, "from2")[0]["learning/loss"], metrics(tmp_path, "many")[3]["learning/loss"]
     assert abs(resumed - many) <= TOL * abs(many), (resumed, many)
+
+
+def test_full_state_resumes_on_another_rank_count(tmp_path):
+    """AdamW's moments are kept as ranges of the flat parameter vector, so a checkpoint of 2 ranks
+    resumes in one process and one of a process on 2 ranks (each reading its shard from the files
+    that cover it): steps 3..5 then match the uninterrupted runs to the ranks' reduction order,
+    and a 2-rank run resumed from its own checkpoint matches itself to the last bit. A checkpoint
+    missing a shard's file is refused before set-up on every rank."""
+    ck = ["enable_checkpointing=true", "checkpoint_period=2", "steps=6"]
+    single(tmp_path, *FAST, "per_device_batch_size=4", "run_name=one", *ck)
+    r = mpirun(tmp_path, 2, *FAST, "per_device_batch_size=2", "run_name=many", *ck)
+    assert r.returncode == 0, r.stdout + r.stderr
+    folder = {run: tmp_path / "out" / run / "checkpoints" / "2" for run in ("one", "many")}
+    single(tmp_path, *FAST, "per_device_batch_size=4", "run_name=many_to_one", "steps=6",
+           f"load_full_state_path={folder['many']}")
+    r = mpirun(tmp_path, 2, *FAST, "per_device_batch_size=2", "run_name=one_to_many", "steps=6",
+               f"load_full_state_path={folder['one']}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mpirun(tmp_path, 2, *FAST, "per_device_batch_size=2", "run_name=many_to_many", "steps=6",
+               f"load_full_state_path={folder['many']}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resumed: the state after step 2 (3 AdamW updates)" in r.stdout
+    one, many = metrics(tmp_path, "one"), metrics(tmp_path, "many")
+    for run, ref in (("many_to_one", many), ("one_to_many", one)):
+        got = metrics(tmp_path, run)
+        assert [m["step"] for m in got] == [3, 4, 5]
+        for a, b in zip(got, ref[3:]):
+            assert abs(a["learning/loss"] - b["learning/loss"]) <= TOL * abs(b["learning/loss"]), (run, a, b)
+    assert [m["learning/loss"] for m in metrics(tmp_path, "many_to_many")] == [m["learning/loss"] for m in many[3:]]
+    (folder["many"] / "optimizer_state-00001-of-00002.safetensors").unlink()
+    r = mpirun(tmp_path, 2, *FAST, "per_device_batch_size=2", "run_name=x", "steps=6",
+               f"load_full_state_path={folder['many']}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "lacks optimizer_state-00001-of-00002.safetensors of its 2 optimizer_state files" in r.stderr, r.stderr
+    assert not (tmp_path / "out" / "x").exists()
 
 
 def test_evaluation_of_ranks(tmp_path):

@@ -62,12 +62,12 @@ def leftovers(folder):
     return [p for p in Path(folder).rglob("*") if ".partial" in p.name or ".tmp." in p.name]
 
 
-def metrics_whole(path):
-    """Every line of metrics.jsonl parses, steps run 0, 1, 2, ... Returns the steps."""
+def metrics_whole(path, first=0):
+    """Every line of metrics.jsonl parses, steps run first, first + 1, ... Returns the steps."""
     lines = Path(path).read_text().split("\n")
     assert lines[-1] == "", "metrics.jsonl does not end with a whole line"
     steps = [json.loads(l)["step"] for l in lines[:-1]]
-    assert steps == list(range(len(steps))), steps
+    assert steps == list(range(first, first + len(steps))), steps
     return steps
 
 
@@ -137,6 +137,24 @@ def _st(make):
         make(p)
         return [str(CONFIG), *FAST, f"load_parameters_path={p}"]
     return setup
+
+
+def _full(edit):
+    """A tiny run's step-0 checkpoint (written by the optimised build) whose optimizer_state file
+    edit(path) damages, passed as load_full_state_path."""
+    def setup(d):
+        p = run(d, [str(CONFIG), *FAST, "steps=1", "enable_checkpointing=true", "run_name=src"])
+        assert p.returncode == 0, p.stderr
+        folder = d / "out" / "src" / "checkpoints" / "0"
+        edit(folder / "optimizer_state-00000-of-00001.safetensors")
+        return [str(CONFIG), *FAST, "steps=3", f"load_full_state_path={folder}"]
+    return setup
+
+
+def _meta(key, value):
+    def edit(p):
+        _rewrite(p, lambda h, _: h["__metadata__"].__setitem__(key, value))
+    return edit
 
 
 def _tok(make):
@@ -299,6 +317,16 @@ BAD_INPUTS = [
      ["belong to no tensor"]),
     ("safetensors not JSON", _st(lambda p: p.write_bytes(struct.pack("<Q", 8) + b"{'a': 1}")), 1, ["not valid JSON"]),
     ("safetensors is a folder", lambda d: [str(CONFIG), *FAST, f"load_parameters_path={d}"], 1, ["is a folder without model.safetensors"]),
+    # full-state checkpoints (load_full_state_path)
+    ("full state truncated", _full(lambda p: p.write_bytes(p.read_bytes()[:-64])), 1,
+     ["optimizer_state-00000-of-00001.safetensors", "data section"]),
+    ("full state of another format", _full(_meta("format", "other 2")), 1,
+     ["not stepscope's AdamW state", "other 2"]),
+    ("full state metadata damaged", _full(_meta("updates_done", "seven")), 1,
+     ["metadata (step, updates_done,", "damaged"]),
+    ("full state shard out of place", _full(_meta("shard_lo", "16")), 1, ["should start at 0", "damaged"]),
+    ("full state moments misnamed", _full(lambda p: _rewrite(p, lambda h, _: h.__setitem__("m", h.pop("exp_avg")))), 1,
+     ["needs an F32 tensor exp_avg of shape"]),
     # token files
     ("tokens missing", lambda d: [str(CONFIG), *FAST, "dataset_type=tokens", f"dataset_path={d / 'no.bin'}"], 1,
      ["no.bin", "cannot open"]),
@@ -344,7 +372,7 @@ def test_bad_input_refused(tmp_path, setup, code, needles, build):
 
 def test_bad_input_count():
     # the README's reliability table quotes this number
-    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 76
+    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 81
 
 
 # ---- 2. faults: a full disk, a read-only folder, truncated inputs -----------------------------
@@ -549,15 +577,21 @@ VG_BIN = ROOT / "build-vg" / "stepscope"
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
 @pytest.mark.skipif(not VG_BIN.exists(), reason="build-vg/stepscope not built (make VG=1 build-vg/stepscope)")
-@pytest.mark.parametrize("case", ["run", "refused"])
+@pytest.mark.parametrize("case", ["run", "refused", "resumed"])
 def test_valgrind_no_leaks_no_errors(tmp_path, case):
-    """A tiny run with a profiled step (and a run refused at load) under memcheck: no invalid
-    access, no uninitialised use, no definitely lost block. No suppressions are needed."""
+    """A tiny run with a profiled step (a run refused at load, a run resumed from a checkpoint that
+    writes one) under memcheck: no invalid access, no uninitialised use, no definitely lost block.
+    No suppressions are needed."""
     args = [str(CONFIG), "model_name=tiny", f"device_peak_tflops={PEAK}", "num_threads=1", "steps=2",
             "per_device_batch_size=1", "max_target_length=32", f"run_name={RUN}",
             f"base_output_directory={tmp_path / 'out'}"]
     if case == "run":
         args += ["profiler=xplane", "skip_first_n_steps_for_profiler=1", "profiler_steps=1"]
+    elif case == "resumed":
+        p = run(tmp_path, [*args, "profiler=", "steps=1", "enable_checkpointing=true", "run_name=first"])
+        assert p.returncode == 0, p.stderr
+        args += ["profiler=", "steps=3", "enable_checkpointing=true",
+                 f"load_full_state_path={tmp_path / 'out' / 'first' / 'checkpoints' / '0'}"]
     else:
         bad = tmp_path / "bad.safetensors"
         _truncate(lambda n: n - 8)(bad)
@@ -568,11 +602,11 @@ def test_valgrind_no_leaks_no_errors(tmp_path, case):
     r = subprocess.run(["valgrind", "--leak-check=full", "--errors-for-leak-kinds=definite", "--error-exitcode=99",
                         str(VG_BIN), *args],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert r.returncode == (0 if case == "run" else 1), r.stderr[-3000:]
+    assert r.returncode == (1 if case == "refused" else 0), r.stderr[-3000:]
     assert re.search(r"ERROR SUMMARY: 0 errors", r.stderr), r.stderr[-3000:]
     assert re.search(r"definitely lost: 0 bytes", r.stderr) or "All heap blocks were freed" in r.stderr, r.stderr[-3000:]
-    if case == "run":
-        metrics_whole(tmp_path / "out" / RUN / "metrics.jsonl")
+    if case != "refused":
+        assert metrics_whole(tmp_path / "out" / RUN / "metrics.jsonl", first=int(case == "resumed"))
 
 
 def test_no_failed_library_loads_on_compute_threads(tmp_path):
