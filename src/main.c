@@ -13,6 +13,7 @@
 #include "dist/comm.h"
 #include "plan/plan.h"
 #include "train/checkpoint.h"
+#include "train/resume.h"
 #include "train/loop.h"
 
 #define STEPSCOPE_VERSION "0.1.0"
@@ -91,16 +92,30 @@ int main(int argc, char **argv) {
     rc = plan_build(&plan, &cfg, threads, plan_ranks, err, sizeof err);
     plan.ranks_per_host = comm_host_ranks(world);
     if ((rc = comm_agree(world, rc, err)) != 0) return finish(world, rc);
+    /* A dry run of a resumed run says where it resumes, and counts the checkpoints from there. */
+    int64_t first_step = 0;
+    if (rc == 0 && dry_run && cfg.load_full_state_path[0]) {
+        full_state_t fs;
+        if ((rc = full_state_open(&fs, cfg.load_full_state_path, &plan.dims, err, sizeof err)) == 0) {
+            first_step = fs.step + 1;
+            full_state_close(&fs);
+        } else {
+            rc = 1;
+        }
+    }
+    if ((rc = comm_agree(world, rc, err)) != 0) return finish(world, rc);
     if (dry_run && comm_rank(world) == 0) {
         config_print(&cfg, stdout);
         plan_print(&plan, stdout);
         printf("memory_available_bytes: %llu\n", (unsigned long long)plan_memory_available(&plan, &cfg));
+        if (cfg.load_full_state_path[0])
+            printf("first_step: %lld (resumed from load_full_state_path)\n", (long long)first_step);
         if (cfg.enable_checkpointing)
             printf("checkpoints: %lld (steps that are multiples of checkpoint_period=%lld, and the last)\n"
                    "checkpoint_bytes_each: %llu (at most, over every rank: fp32 parameters, AdamW's two moments and "
                    "the safetensors headers)\n",
-                   (long long)checkpoint_count(0, cfg.steps, cfg.checkpoint_period), (long long)cfg.checkpoint_period,
-                   (unsigned long long)checkpoint_bytes(&plan.dims));
+                   (long long)checkpoint_count(first_step, cfg.steps, cfg.checkpoint_period),
+                   (long long)cfg.checkpoint_period, (unsigned long long)checkpoint_bytes(&plan.dims));
     }
     rc = plan_check_memory(&plan, &cfg, err, sizeof err);
     if ((rc = comm_agree(world, rc, err)) != 0 || dry_run) return finish(world, rc);

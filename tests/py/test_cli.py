@@ -1261,6 +1261,15 @@ def test_dry_run_counts_checkpoints(tmp_path):
     assert plan["checkpoints"].startswith("3 ")    # 0, 10, 20
     assert int(plan["checkpoint_bytes_each"].split()[0]) >= 12 * int(plan["num_parameters"])
     assert "checkpoints" not in parse_plan(stepscope(tmp_path, *FAST, "--dry-run").stdout)
+    # resumed: counted from the step after the checkpoint's, which a dry run reads
+    train(tmp_path, "steps=12", "enable_checkpointing=true", "checkpoint_period=11")
+    r = stepscope(tmp_path, *FAST, "--dry-run", "enable_checkpointing=true", "steps=21", "checkpoint_period=10",
+                  f"load_full_state_path={run_dir(tmp_path) / 'checkpoints' / '11'}")
+    assert r.returncode == 0, r.stderr
+    plan = parse_plan(r.stdout)
+    assert plan["first_step"].startswith("12 ") and plan["checkpoints"].startswith("1 ")    # 20
+    r = stepscope(tmp_path, *FAST, "--dry-run", f"load_full_state_path={tmp_path / 'none'}")
+    assert r.returncode == 1 and "is not a folder" in r.stderr
 
 
 # ---- resuming (load_full_state_path) -----------------------------------------------------------
