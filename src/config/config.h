@@ -25,6 +25,7 @@ typedef struct config {
     int64_t steps;
     int64_t per_device_batch_size;
     int64_t max_target_length;
+    int64_t gradient_accumulation_steps; /* micro-batches per update (MaxText) */
     /* model shape */
     int64_t vocab_size;
     int64_t base_emb_dim;

@@ -198,9 +198,9 @@ static const char *json_number(char *buf, size_t n, double v) {
     return buf;
 }
 
-/* An evaluation's TFLOP/s at tokens_s: a forward of the plan's batch per tokens_per_device tokens. */
+/* An evaluation's TFLOP/s at tokens_s: a forward of the plan's batch per B·S tokens. */
 static double eval_tflops_s(const report_t *r, double tokens_s) {
-    return plan_forward_tflops_per_device(&r->plan) * tokens_s / (double)r->plan.tokens_per_device;
+    return plan_forward_tflops_per_device(&r->plan) * tokens_s / (double)plan_batch_tokens_per_device(&r->plan);
 }
 
 int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen) {
@@ -259,12 +259,13 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
         fprintf(m, ", \"checkpoint/write_seconds\": %.6f, \"checkpoint/bytes\": %llu", rec->checkpoint_seconds,
                 (unsigned long long)rec->checkpoint_bytes);
     char eval_loss[32];
-    double eval_tokens_s = rec->eval_batches ? (double)(rec->eval_batches * r->plan.tokens_per_device) / rec->eval_seconds : 0.0;
+    const int64_t eval_tokens = rec->eval_batches * plan_batch_tokens_per_device(&r->plan);
+    double eval_tokens_s = rec->eval_batches ? (double)eval_tokens / rec->eval_seconds : 0.0;
     if (rec->eval_batches)
         fprintf(m, ", \"eval/avg_loss\": %s, \"eval/total_weights\": %lld, \"eval/seconds\": %.6f, "
                 "\"eval/per_device_tokens_per_sec\": %.4f, \"eval/per_device_tflops_per_sec\": %.6f",
                 json_number(eval_loss, sizeof eval_loss, rec->eval_loss),
-                (long long)(rec->eval_batches * r->plan.tokens_per_device * r->plan.num_ranks), rec->eval_seconds,
+                (long long)(eval_tokens * r->plan.num_ranks), rec->eval_seconds,
                 eval_tokens_s, eval_tflops_s(r, eval_tokens_s));
     fputs("}\n", m);
     int ok = fclose(m) == 0;

@@ -3,7 +3,8 @@
  * written (=) by its first product of the step (a linear layer's only one, the LM head's first
  * chunk); the head's later chunks add (+=) onto it, and the norm and embedding gradients onto
  * the zeros qwen3_zero_accumulated_grads leaves; activation gradients are written, so nothing
- * activation-sized is zeroed per step. */
+ * activation-sized is zeroed per step. With gradient accumulation, the micro-batches after the
+ * first add every weight gradient (grads_accumulate). */
 #include "model/qwen3.h"
 
 #include <stdio.h>
@@ -253,6 +254,7 @@ struct qwen3_model {
     trace_t *trace;
     op_names_t names;
     const int32_t *tokens;
+    bool grads_accumulate; /* a micro-batch after the first: weight gradients add (+=) */
     grad_sumsq_t sumsq;    /* opt.grad_sumsq: the weight gradients' sums of squares this backward */
     /* Row strides (qwen3_padded_width, or dense): of the D-wide activations (the residual
      * stream, x2, ln, dres, dln), of attn and dattn, of h, of qkv and dqkv, of gate_up and
@@ -486,12 +488,12 @@ static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, fl
     double sumsq = 0.0;
     bool summed = false;
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T), {
-        if (m->opt.grad_sumsq)
+        if (m->opt.grad_sumsq && !m->grads_accumulate)
             summed = gemm_bf16_sumsq(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16,
                                      ld16(m, in), dW, in, m->s.tile_sums, m->s.tile_sums_floats, &sumsq);
         else
             gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16, ld16(m, in), dW, in,
-                      false);
+                      m->grads_accumulate);
     });
     if (summed) grad_sumsq_add(&m->sumsq, dW - m->dw.embed, out * in, sumsq); /* the embedding heads the buffer */
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
@@ -525,13 +527,13 @@ static void linear_bwd(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float
             transpose_f32(s->w_t, out, W, in, out, in);
         });
         SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
-             gemm_f32(m->gemm, false, true, out, in, T, s->dy_t, T, s->x_t, T, dW, in, false));
+             gemm_f32(m->gemm, false, true, out, in, T, s->dy_t, T, s->x_t, T, dW, in, m->grads_accumulate));
         SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
              gemm_f32(m->gemm, false, true, T, in, out, dy, ld_dy, s->w_t, out, dx, ld_dx, false));
         return;
     }
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
-         gemm_f32(m->gemm, true, false, out, in, T, dy, ld_dy, x, ld_x, dW, in, false));
+         gemm_f32(m->gemm, true, false, out, in, T, dy, ld_dy, x, ld_x, dW, in, m->grads_accumulate));
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
          gemm_f32(m->gemm, false, false, T, in, out, dy, ld_dy, W, in, dx, ld_dx, false));
 }
@@ -750,13 +752,15 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
         if (!with_grad) continue;
         if (m->opt.bf16) {
             SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
-                 gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, ld16(m, d->D), m->dw.lm_head, d->D, t0 > 0));
+                 gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, ld16(m, d->D), m->dw.lm_head, d->D,
+                           t0 > 0 || m->grads_accumulate));
             SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
                  gemm_bf16(m->gemm, false, false, n, d->D, d->V, s->dy16, d->V, weight16(m, m->w.lm_head), d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
             continue;
         }
         SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
-             gemm_f32(m->gemm, true, false, d->V, d->D, n, s->logits, d->V, h, m->ld_d, m->dw.lm_head, d->D, t0 > 0));
+             gemm_f32(m->gemm, true, false, d->V, d->D, n, s->logits, d->V, h, m->ld_d, m->dw.lm_head, d->D,
+                      t0 > 0 || m->grads_accumulate));
         SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
              gemm_f32(m->gemm, false, false, n, d->D, d->V, s->logits, d->V, m->w.lm_head, d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
     }
@@ -804,11 +808,17 @@ void qwen3_zero_accumulated_grads(qwen3_model_t *m) {
 }
 
 double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens) {
+    return qwen3_forward_backward_micro(m, tokens, 0, 1);
+}
+
+double qwen3_forward_backward_micro(qwen3_model_t *m, const int32_t *tokens, int64_t micro, int64_t micros) {
     const qwen3_dims_t *d = &m->d;
-    grad_sumsq_clear(&m->sumsq);
+    const bool last = micro == micros - 1;
+    m->grads_accumulate = micro > 0;
+    if (micro == 0) grad_sumsq_clear(&m->sumsq);
     double loss = forward(m, tokens, true);
     /* The embedding comes first in the buffer and the head last; a tied head is the embedding. */
-    grads_ready(m, m->dw.final_norm, d->tied ? m->dw.final_norm + d->D : m->dw.lm_head + d->V * d->D);
+    if (last) grads_ready(m, m->dw.final_norm, d->tied ? m->dw.final_norm + d->D : m->dw.lm_head + d->V * d->D);
     int64_t span = trace_begin(m->trace);
     for (int64_t l = d->L - 1; l >= 0; l--) {
         const float *x = layer_input(m, l);
@@ -816,10 +826,12 @@ double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens) {
             if (m->opt.remat == QWEN3_REMAT_FULL) layer_forward(m, l, x, m->s.dln); /* refill the shared acts; output unused */
             layer_backward(m, l, x);
         });
-        grads_ready(m, m->dw.layers[l].input_norm, l + 1 < d->L ? m->dw.layers[l + 1].input_norm : m->dw.final_norm);
+        if (last)
+            grads_ready(m, m->dw.layers[l].input_norm, l + 1 < d->L ? m->dw.layers[l + 1].input_norm : m->dw.final_norm);
     }
     SPAN(m, m->names.bwd[OP_EMBED], 0, embed_backward(m->dw.embed, m->s.dres, m->ld_d, tokens, d->S + 1, d->B, d->S, d->D));
-    grads_ready(m, m->dw.embed, m->dw.embed + d->V * d->D);
+    if (last) grads_ready(m, m->dw.embed, m->dw.embed + d->V * d->D);
+    m->grads_accumulate = false;
     trace_end(m->trace, 0, m->names.backward, span, 0);
     return loss;
 }

@@ -166,6 +166,11 @@ const char *qwen3_rows_detail(const qwen3_model_t *m);
  * tokens: [B, S+1], row stride S+1; inputs are tokens[:, 0:S], targets tokens[:, 1:S+1].
  * Returns the loss. */
 double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens);
+/* The same for micro-batch `micro` of `micros` (gradient accumulation): micro 0 as above; the
+ * others add every gradient onto the earlier ones' (so the buffer ends with the sum of the
+ * micro-batches' mean-loss gradients); opt.grads_ready hears of final gradients in the last
+ * one only. opt.grad_sumsq needs micros == 1. */
+double qwen3_forward_backward_micro(qwen3_model_t *m, const int32_t *tokens, int64_t micro, int64_t micros);
 
 /* Σ g² over the whole gradient buffer after qwen3_forward_backward, for the gradient norm: with
  * opt.grad_sumsq, the sums the weight-gradient products took as they wrote them and one read of

@@ -17,7 +17,11 @@ qwen3_dims_t plan_dims(const config_t *cfg) {
     };
 }
 
-double plan_forward_tflops_per_device(const plan_t *p) { return p->tflops_per_device / 3.0; }
+double plan_forward_tflops_per_device(const plan_t *p) {
+    return p->tflops_per_device / (3.0 * (double)p->micro_batches);
+}
+
+int64_t plan_batch_tokens_per_device(const plan_t *p) { return p->dims.B * p->dims.S; }
 
 double plan_tflops_training_per_device(const qwen3_dims_t *d) {
     double B = (double)d->B, S = (double)d->S, D = (double)d->D, F = (double)d->F;
@@ -91,8 +95,9 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->xent_chunk = cfg->xent_chunk_tokens > 0 ? cfg->xent_chunk_tokens : qwen3_default_xent_chunk(d);
     if (p->xent_chunk > d->B * d->S) p->xent_chunk = d->B * d->S;
     p->num_params = qwen3_num_params(d);
-    p->tokens_per_device = d->B * d->S;
-    p->tflops_per_device = plan_tflops_training_per_device(d);
+    p->micro_batches = cfg->gradient_accumulation_steps;
+    p->tokens_per_device = d->B * d->S * p->micro_batches;
+    p->tflops_per_device = plan_tflops_training_per_device(d) * (double)p->micro_batches;
     uint64_t n = (uint64_t)p->num_params, f = sizeof(float);
     p->params_bytes = n * f;
     p->shard_params = zero_shard_floats(p->num_params, p->shard_ranks);
@@ -139,7 +144,8 @@ int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t er
     else
         snprintf(err, errlen,
                  "the memory plan needs %.2f GiB per device (activations %.2f GiB) but %.2f GiB is available%s; "
-                 "lower per_device_batch_size or max_target_length%s, or use more ranks",
+                 "lower per_device_batch_size (raising gradient_accumulation_steps keeps the global batch) or "
+                 "max_target_length%s, or use more ranks",
                  (double)p->total_bytes / gib, (double)p->activations_bytes / gib, (double)avail / gib, share,
                  p->remat == QWEN3_REMAT_FULL ? "" : ", or set remat_policy=full");
     return CONFIG_EXIT_CODE;
@@ -154,7 +160,8 @@ void plan_print(const plan_t *p, FILE *out) {
             (long long)d->B, (long long)d->S, (long long)d->D, (long long)d->F, (long long)d->L, (long long)d->H,
             (long long)d->KV, (long long)d->HD, (long long)d->V, d->tied ? "true" : "false", d->qk_norm ? "true" : "false");
     fprintf(out, "num_ranks: %d\n", p->num_ranks);
-    fprintf(out, "global_batch_size: %lld\n", (long long)d->B * p->num_ranks);
+    fprintf(out, "global_batch_size: %lld (sequences per step: per_device_batch_size x ranks x "
+                 "gradient_accumulation_steps)\n", (long long)(d->B * p->num_ranks * p->micro_batches));
     fprintf(out, "optimizer_shard_ranks: %d (ici_fsdp_parallelism: ranks sharing one copy of the AdamW state)\n", p->shard_ranks);
     fprintf(out, "optimizer_replicas: %d (dcn_data_parallelism: copies of the AdamW state)\n", p->replica_groups);
     fprintf(out, "optimizer_shard_parameters: %lld (AdamW state kept by each rank)\n", (long long)p->shard_params);

@@ -24,8 +24,10 @@ typedef struct plan {
     bool bf16;                 /* dtype=bfloat16: bf16 matmul inputs, fp32 everything else */
     int64_t xent_chunk;
     int64_t num_params;
-    int64_t tokens_per_device; /* B·S per step */
-    double tflops_per_device;  /* per step, MaxText's calculate_tflops_training_per_device */
+    int64_t micro_batches;     /* gradient_accumulation_steps: forward-backward passes per step */
+    int64_t tokens_per_device; /* B·S·micro_batches per step */
+    double tflops_per_device;  /* per step: MaxText's calculate_tflops_training_per_device (of the
+                                  B·S of one pass) × micro_batches */
     /* memory plan, bytes per rank. grads: the full local gradients, plus this rank's reduced
      * shard when the state is sharded; optimizer: AdamW m and v of the shard (ZeRO-1). */
     uint64_t params_bytes, grads_bytes, optimizer_bytes, activations_bytes, scratch_bytes, total_bytes;
@@ -41,9 +43,11 @@ qwen3_dims_t plan_dims(const config_t *cfg);
  * per layer, also ×3. */
 double plan_tflops_training_per_device(const qwen3_dims_t *d);
 
-/* One forward pass (an evaluation batch) of the plan's batch: a third of the step's count, whose
- * every term is 3 × the forward's. */
+/* One forward pass (an evaluation batch) of the plan's batch of B sequences: a third of one
+ * pass's training count, whose every term is 3 × the forward's. */
 double plan_forward_tflops_per_device(const plan_t *p);
+/* The tokens of one pass (a micro-batch, an evaluation batch): B·S. */
+int64_t plan_batch_tokens_per_device(const plan_t *p);
 
 /* num_ranks: the ranks of the job; ici_fsdp_parallelism × dcn_data_parallelism must come to
  * it (-1 fills in). A mismatch is a config error naming both keys. */

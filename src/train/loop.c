@@ -304,14 +304,16 @@ static double resolve_peak(const config_t *cfg, int threads, double *probe_befor
     return p;
 }
 
+/* A step's batch: each rank's micro-batches one after another, B · micro_batches rows (a
+ * micro-batch is B consecutive ones), the ranks' rows in rank order. */
 static int open_data(loop_t *l, char *err, size_t errlen) {
     const config_t *cfg = l->cfg;
+    const int64_t rows = cfg->per_device_batch_size * l->plan->micro_batches;
     data_options_t opt = {.dataset_type = cfg->dataset_type, .dataset_path = cfg->dataset_path,
                           .vocab_size = cfg->vocab_size, .seq_len = cfg->max_target_length,
-                          .global_batch = cfg->per_device_batch_size * l->plan->num_ranks,
-                          .row_offset = cfg->per_device_batch_size * l->rank,
-                          .local_batch = cfg->per_device_batch_size, .seed = (uint64_t)cfg->data_seed,
-                          .first_batch = l->first_step, .depth = cfg->prefetch_depth, .delay_ms = cfg->data_delay_ms, .trace = l->trace,
+                          .global_batch = rows * l->plan->num_ranks, .row_offset = rows * l->rank,
+                          .local_batch = rows, .seed = (uint64_t)cfg->data_seed, .first_batch = l->first_step,
+                          .depth = cfg->prefetch_depth, .delay_ms = cfg->data_delay_ms, .trace = l->trace,
                           .trace_lane = LANE_DATA};
     if (data_open(&l->data, &opt, err, errlen) != 0) return -1;
     if (cfg->eval_interval < 1) return 0;
@@ -319,6 +321,10 @@ static int open_data(loop_t *l, char *err, size_t errlen) {
      * spans, since the data lane has one writer, the training data's producer. */
     if (cfg->eval_dataset_path[0]) opt.dataset_path = cfg->eval_dataset_path;
     opt.seed = (uint64_t)cfg->data_seed + 1;
+    /* One forward a batch: B rows a rank, whatever gradient_accumulation_steps is. */
+    opt.global_batch = cfg->per_device_batch_size * l->plan->num_ranks;
+    opt.row_offset = cfg->per_device_batch_size * l->rank;
+    opt.local_batch = cfg->per_device_batch_size;
     opt.first_batch = evaluations_before(cfg, l->first_step) * cfg->eval_steps;
     opt.trace = NULL;
     if (data_open(&l->eval_data, &opt, err, errlen) == 0) return 0;
@@ -329,8 +335,8 @@ static int open_data(loop_t *l, char *err, size_t errlen) {
 }
 
 static size_t events_per_step(const plan_t *p) {
-    int64_t chunks = (p->tokens_per_device + p->xent_chunk - 1) / p->xent_chunk;
-    return (size_t)(64 * p->dims.L + 8 * chunks + 64);
+    int64_t chunks = (plan_batch_tokens_per_device(p) + p->xent_chunk - 1) / p->xent_chunk;
+    return (size_t)((64 * p->dims.L + 8 * chunks + 64) * p->micro_batches);
 }
 
 /* A write the steps wait for (the profile, a checkpoint), read on the machine's CPU counters so

@@ -66,9 +66,10 @@ void console_eval(const plan_t *plan, double peak_tflops, const step_record_t *r
     double tflops_s = plan_forward_tflops_per_device(plan) * (double)rec->eval_batches / rec->eval_seconds;
     printf("eval: after step %lld, average loss %.4f over %lld tokens (%lld batches), %.3f s, %.1f tokens/s/device, "
            "%.3f TFLOP/s/device, MFU %.2f%%, outside the step times\n",
-           (long long)rec->step, rec->eval_loss, (long long)(rec->eval_batches * plan->tokens_per_device * plan->num_ranks),
+           (long long)rec->step, rec->eval_loss,
+           (long long)(rec->eval_batches * plan_batch_tokens_per_device(plan) * plan->num_ranks),
            (long long)rec->eval_batches, rec->eval_seconds,
-           (double)(rec->eval_batches * plan->tokens_per_device) / rec->eval_seconds, tflops_s,
+           (double)(rec->eval_batches * plan_batch_tokens_per_device(plan)) / rec->eval_seconds, tflops_s,
            peak_tflops > 0 ? 100.0 * tflops_s / peak_tflops : 0.0);
 }
 

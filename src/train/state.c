@@ -78,7 +78,7 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     const bool data_parallel = par && comm_size(par->world) > 1;
     /* One rank: the gradient buffer is the one the norm is taken over, so the weight gradients'
      * products may take their squares as they write them. */
-    opt.grad_sumsq = !data_parallel;
+    opt.grad_sumsq = !data_parallel && plan->micro_batches == 1;
     if (data_parallel) {
         zero_options_t zo = {.world = par->world, .shard = par->shard, .replica = par->replica, .num_params = n,
                              .params = s->params, .grads = s->grads, .grad_shard = s->grad_shard, .trace = trace,
@@ -122,7 +122,11 @@ void train_state_destroy(train_state_t *s) {
 
 void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     int64_t n = s->shard_n;
-    double loss = qwen3_forward_backward(s->model, tokens);
+    const qwen3_dims_t *d = &s->plan.dims;
+    const int64_t micros = s->plan.micro_batches, stride = d->B * (d->S + 1);
+    double loss = 0.0;
+    for (int64_t g = 0; g < micros; g++) loss += qwen3_forward_backward_micro(s->model, tokens + g * stride, g, micros);
+    loss /= (double)micros;
     if (s->zero) zero_finish_grads(s->zero);
     int64_t opt_span = trace_begin(s->trace);
     int64_t t0 = trace_begin(s->trace);
@@ -130,8 +134,9 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
                               : qwen3_grad_sum_squares(s->model, s->norm_partials),
                       loss};
     trace_end(s->trace, 0, s->span_grad_norm, t0, 2.0 * (double)n);
-    /* Ranks' gradients were summed: the global batch's mean gradient is 1/ranks of it. */
-    double inv_ranks = 1.0 / (double)s->plan.num_ranks;
+    /* Ranks' gradients were summed, and each rank's micro-batches': the global batch's mean
+     * gradient is 1/(ranks · micro-batches) of it (equal token counts everywhere). */
+    double inv_ranks = 1.0 / (double)s->plan.num_ranks, inv_sum = inv_ranks / (double)micros;
     if (s->zero) {
         /* Squares of every shard, counted once per replica group; the loss of every rank. */
         zero_allreduce(s->zero, ZERO_WORLD, sums, 2);
@@ -139,13 +144,13 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
         loss = sums[1] * inv_ranks;
     }
     out->loss = loss;
-    out->raw_grad_norm = sqrt(sums[0]) * inv_ranks;
+    out->raw_grad_norm = sqrt(sums[0]) * inv_sum;
     float scale = adamw_clip_scale(out->raw_grad_norm, s->clip);
     out->grad_norm = out->raw_grad_norm * scale;
     s->updates_done++;
     t0 = trace_begin(s->trace);
     adamw_update(s->params + s->shard_lo, s->adam_m, s->adam_v, s->grad_shard, n, s->updates_done,
-                 (float)(scale * inv_ranks), &s->adam, s->params_bf16 ? s->params_bf16 + s->shard_lo : NULL);
+                 (float)(scale * inv_sum), &s->adam, s->params_bf16 ? s->params_bf16 + s->shard_lo : NULL);
     trace_end(s->trace, 0, s->span_adamw, t0, 0);
     /* The next backward writes most gradients afresh; the ones it adds into go back to zero here,
      * for one shard and several alike (with several, the reduce-scatter rewrites the shard each

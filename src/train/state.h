@@ -61,8 +61,9 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
                        const train_parallel_t *par, char *err, size_t errlen);
 void train_state_destroy(train_state_t *s);
 
-/* One training step on tokens [B, S+1]: forward, loss, backward, global-norm clipping and
- * AdamW. Runs on the calling thread's OpenMP team. With several ranks: gradients reduced
+/* One training step on tokens [micro_batches · B, S+1] (micro-batch g: rows g·B ..): forward,
+ * loss and backward of each micro-batch, their gradients summed, global-norm clipping and
+ * AdamW on their mean. Runs on the calling thread's OpenMP team. With several ranks: gradients reduced
  * over the ranks while backward runs, the loss and the norm are those of the global batch,
  * AdamW updates this rank's shard, and the parameters are all-gathered. */
 void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out);

@@ -1287,19 +1287,21 @@ def resumable_run(tmp_path, dtype, *extra, run_name=RUN, **kw):
                  "enable_checkpointing=true", "checkpoint_period=4", *extra, run_name=run_name, **kw)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_full_state_resumes_to_the_same_bits(tmp_path, dtype):
+@pytest.mark.parametrize("dtype,micro", [("float32", 1), ("bfloat16", 1), ("float32", 2)])
+def test_full_state_resumes_to_the_same_bits(tmp_path, dtype, micro):
     """A run resumed from step 4's checkpoint (parameters, AdamW's moments and update count) runs
     steps 5..8 and computes the very losses and evaluations, to the last bit, that the run it
     goes on from computed there: the same parameters, optimizer state, bias corrections, training
     batches (token windows by step) and evaluation batches (the ones after the four read before
     step 5). Its step-8 checkpoint is the same bytes as the first run's. It counts its steps as
     MaxText does (steps is the last step + 1), opens the profiler's window after its own first
-    step, and leaves its own first step out of the summary."""
-    resumable_run(tmp_path, dtype)
+    step, and leaves its own first step out of the summary. With gradient accumulation a step
+    reads micro x 2 windows, from the resumed step's on."""
+    ga = f"gradient_accumulation_steps={micro}"
+    resumable_run(tmp_path, dtype, ga)
     folder = run_dir(tmp_path) / "checkpoints" / "4"
     log = tmp_path / "events.txt"
-    r = resumable_run(tmp_path, dtype, f"load_full_state_path={folder}", "profiler=xplane", "profiler_steps=2",
+    r = resumable_run(tmp_path, dtype, ga, f"load_full_state_path={folder}", "profiler=xplane", "profiler_steps=2",
                       run_name="resumed", env_extra={"STEPSCOPE_EVENT_LOG": str(log)})
     assert f"resumed: the state after step 4 (5 AdamW updates) from {folder}; steps 5..8 run now" in r.stdout
     assert "parameters and AdamW state loaded in " in r.stdout
@@ -1359,6 +1361,61 @@ def test_full_state_refusals_before_set_up(tmp_path):
         assert needle in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
         assert "set-up:" not in r.stdout
         assert not run_dir(tmp_path, "x").exists(), args
+
+
+# ---- gradient accumulation ---------------------------------------------------------------------
+
+# Relative difference allowed between micro-batches and the one batch they make up, in the loss
+# and in the gradient norm: the same sums in another order (a weight gradient's products over
+# 2 x 256 tokens at once, or over 256 and then 256 more added on). fp32: below 1e-8 in both over 8
+# steps (2026-12-07); Adam's normalised steps carry such rounding on, hence 1e-5. bf16: steps 0
+# and 1 agree to 9 digits, but the matmul inputs are rounded to 8 bits, so parameters that differ
+# in the 8th digit flip some of those roundings from step 2 on: the losses then stay within 4e-6
+# and the gradient norms within 5e-4, the size of bf16's own noise (its gradient norms are 1e-3
+# from fp32's on the same batch).
+GA_TOL = {"float32": {"learning/loss": 1e-5, "learning/raw_grad_norm": 1e-5},
+          "bfloat16": {"learning/loss": 1e-5, "learning/raw_grad_norm": 1e-3}}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gradient_accumulation_is_the_bigger_batch(tmp_path, dtype):
+    """gradient_accumulation_steps=2 of per_device_batch_size=1 (MaxText: the micro-batch is
+    per_device_batch_size) takes the update of per_device_batch_size=2 on the same rows, with the
+    activations of one sequence: the same losses and gradient norms to the summation order, the
+    same tokens and TFLOP per step (and so the same MFU count), a smaller memory plan. An
+    evaluation forwards one micro-batch."""
+    big = train(tmp_path, "steps=4", f"dtype={dtype}", "per_device_batch_size=2", run_name="big")
+    acc = train(tmp_path, "steps=4", f"dtype={dtype}", "per_device_batch_size=1", "gradient_accumulation_steps=2",
+                "eval_interval=2", run_name="acc")
+    a, b = read_metrics(tmp_path, "big")[0], read_metrics(tmp_path, "acc")[0]
+    for x, y in zip(a, b):
+        for key in ("learning/loss", "learning/raw_grad_norm"):
+            assert abs(x[key] - y[key]) <= GA_TOL[dtype][key] * abs(x[key]), (key, x, y)
+        assert x["perf/per_device_tokens"] == y["perf/per_device_tokens"] == 2 * 256
+        assert x["perf/per_device_tflops"] == y["perf/per_device_tflops"]
+    assert "total_weights: 512, " in acc.stdout
+    assert [m["eval/total_weights"] for m in b if "eval/avg_loss" in m] == [256, 256]
+    plans = {run: parse_plan(stepscope(tmp_path, *FAST, "--dry-run", f"dtype={dtype}", *args).stdout)
+             for run, args in (("big", ["per_device_batch_size=2"]),
+                               ("acc", ["per_device_batch_size=1", "gradient_accumulation_steps=2"]))}
+    assert plans["big"]["per_device_tflops"] == plans["acc"]["per_device_tflops"]
+    assert plans["big"]["global_batch_size"].split()[0] == plans["acc"]["global_batch_size"].split()[0] == "2"
+    assert plans["big"]["tokens_per_device_per_step"] == plans["acc"]["tokens_per_device_per_step"] == "512"
+    acts = {run: int(plans[run]["memory_saved_activations_bytes"].split()[0]) for run in plans}
+    assert 2 * acts["acc"] == acts["big"], acts
+
+
+def test_gradient_accumulation_reads_consecutive_windows(tmp_path):
+    """On a token file a step of 3 micro-batches of 1 reads the windows a batch of 3 would, step
+    after step (so 3 steps walk 9 windows), and refuses an absurd count at the config."""
+    f = write_tokens(tmp_path / "ids.bin", np.random.default_rng(5).integers(0, 256, size=20 * 65))
+    data = ["dataset_type=tokens", f"dataset_path={f}", "max_target_length=64", "steps=3"]
+    train(tmp_path, *data, "per_device_batch_size=3", run_name="big")
+    train(tmp_path, *data, "per_device_batch_size=1", "gradient_accumulation_steps=3", run_name="acc")
+    for x, y in zip(read_metrics(tmp_path, "big")[0], read_metrics(tmp_path, "acc")[0]):
+        assert abs(x["learning/loss"] - y["learning/loss"]) <= 1e-5 * abs(x["learning/loss"]), (x, y)
+    r = stepscope(tmp_path, *FAST, "gradient_accumulation_steps=0")
+    assert r.returncode == 2 and "gradient_accumulation_steps" in r.stderr
 
 
 # ---- evaluation --------------------------------------------------------------------------------
