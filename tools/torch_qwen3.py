@@ -46,6 +46,10 @@ def resolved_plan(overrides, binary=DEFAULT_BIN, config=DEFAULT_CONFIG):
     plan = stepscope_plan([*overrides, "profiler="], binary, config)
     if "refused" in plan and "memory_total_bytes" not in plan:
         raise RuntimeError(plan["refused"])
+    micro = int(plan.get("gradient_accumulation_steps", "1"))
+    if micro != 1:
+        raise RuntimeError(f"gradient_accumulation_steps={micro}: the reference takes one batch a step; compare "
+                           f"with per_device_batch_size={int(plan['per_device_batch_size']) * micro} (the same update)")
     return plan
 
 
