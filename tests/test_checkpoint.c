@@ -207,6 +207,7 @@ static void test_full_state_in_shards(void **state) {
     /* so many shards that the last are empty */
     int many = (int)(n / 16) + 3;
     for (int k = 0; k < many; k++) write_shard(&cfg, &d, p, m, v, k, many, 2, 3);
+    assert_int_equal(checkpoint_finish(&cfg, &d, 2, err, sizeof err), 0);
     assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 2), 0);
     assert_int_equal(full_state_open(&fs, folder, &d, err, sizeof err), 0);
     assert_int_equal(full_state_read_moments(&fs, 0, n, m2, v2, err, sizeof err), 0);
@@ -221,12 +222,27 @@ static void test_full_state_in_shards(void **state) {
     assert_int_equal(rename(file, other), 0);
     expect_refused(folder, &d, "lacks optimizer_state-00001-of-00003.safetensors of its 3");
     assert_int_equal(rename(other, file), 0);
+    /* a folder holds one write: step 6 again replaces the first one whole */
+    for (int k = 0; k < 2; k++) write_shard(&cfg, &d, p, m, v, k, 3, 6, 7);
     write_shard(&cfg, &d, p, m, v, 2, 3, 6, 8); /* shard 2 of another write */
+    assert_int_equal(checkpoint_finish(&cfg, &d, 6, err, sizeof err), 0);
     expect_refused(folder, &d, "mixes two writes");
+    for (int k = 0; k < 3; k++) write_shard(&cfg, &d, p, m, v, k, 3, 6, 7);
     write_shard(&cfg, &d, p, m, v, 1, 2, 6, 7); /* a 2-shard file among 3-shard ones */
+    assert_int_equal(checkpoint_finish(&cfg, &d, 6, err, sizeof err), 0);
     expect_refused(folder, &d, "mixes optimizer_state files of");
+    /* files not yet finished are in <step>.partial, and the check before a run removes them */
+    write_shard(&cfg, &d, p, m, v, 0, 3, 7, 8);
+    snprintf(file, sizeof file, "%s/r/checkpoints/7.partial", base);
+    struct stat st;
+    assert_int_equal(stat(file, &st), 0);
+    assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 7), 0);
+    assert_int_not_equal(stat(folder, &st), 0);
+    assert_int_equal(checkpoint_check(&cfg, &d, 0, err, sizeof err), 0);
+    assert_int_not_equal(stat(file, &st), 0);
     checkpoint_written_t w;
     assert_int_equal(checkpoint_write(&cfg, &d, p, NULL, 9, &w, err, sizeof err), 0); /* parameters only */
+    assert_int_equal(checkpoint_finish(&cfg, &d, 9, err, sizeof err), 0);
     assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 9), 0);
     expect_refused(folder, &d, "has no optimizer_state files: it holds parameters only; start a run from them with "
                                "load_parameters_path=");

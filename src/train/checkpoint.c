@@ -1,11 +1,14 @@
 /* checkpoint: see checkpoint.h. */
 #include "train/checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "io/safetensors.h"
 #include "util/atomic_file.h"
@@ -42,6 +45,39 @@ int checkpoint_optimizer_file(char *out, size_t n, const char *folder, int index
     return k < 0 || (size_t)k >= n ? -1 : 0;
 }
 
+/* Where a step's files are written before the folder is whole: <step>.partial beside it. */
+static int partial_folder(char *out, size_t n, const config_t *cfg, int64_t step) {
+    int k = snprintf(out, n, "%s/%s/checkpoints/%lld.partial", cfg->base_output_directory, cfg->run_name,
+                     (long long)step);
+    return k < 0 || (size_t)k >= n ? -1 : 0;
+}
+
+/* A folder of files only (a checkpoint's): each file removed, then the folder. 0, or -1 with
+ * errno set (ENOTEMPTY where it holds a folder). */
+static int remove_flat_folder(const char *path) {
+    DIR *dir = opendir(path);
+    if (!dir) return -1;
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(dir));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char file[4400];
+        snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+        rc = unlink(file);
+    }
+    int saved = errno;
+    closedir(dir);
+    if (rc != 0) {
+        errno = saved == EISDIR ? ENOTEMPTY : saved;
+        return -1;
+    }
+    return rmdir(path);
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
 int checkpoint_path(char *out, size_t n, const config_t *cfg, int64_t step) {
     int k = step < 0 ? snprintf(out, n, "%s/%s/checkpoints", cfg->base_output_directory, cfg->run_name)
                      : snprintf(out, n, "%s/%s/checkpoints/%lld/model.safetensors", cfg->base_output_directory,
@@ -75,6 +111,22 @@ int checkpoint_check(const config_t *cfg, const qwen3_dims_t *d, int64_t first_s
         snprintf(err, errlen, "enable_checkpointing: %s is not a folder; remove it or choose another run_name", dir);
         return -1;
     }
+    /* An earlier run under this name that stopped mid-write left <step>.partial folders: whole
+     * files of a checkpoint that never became one. Gone before this run writes its own, so that
+     * none of their files (another rank count's optimizer shards) ends up in a new checkpoint. */
+    DIR *ck = opendir(dir);
+    for (struct dirent *e; ck && (e = readdir(ck));) {
+        char stale[4400];
+        snprintf(stale, sizeof stale, "%s/%s", dir, e->d_name);
+        if (ends_with(e->d_name, ".partial") && stat(stale, &st) == 0 && S_ISDIR(st.st_mode) &&
+            remove_flat_folder(stale) != 0) {
+            snprintf(err, errlen, "enable_checkpointing: cannot remove %s, an earlier run's unfinished checkpoint: %s; "
+                     "remove it or choose another run_name", stale, strerror(errno));
+            closedir(ck);
+            return -1;
+        }
+    }
+    if (ck) closedir(ck);
     /* The run folder exists by now (the metrics file is open in it). */
     *strrchr(dir, '/') = '\0';
     struct statvfs vfs;
@@ -155,11 +207,12 @@ int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *pa
                      size_t errlen) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    char folder[4096], path[4096];
-    if (checkpoint_folder(folder, sizeof folder, cfg, step) != 0 || checkpoint_path(path, sizeof path, cfg, step) != 0) {
+    char folder[4096], path[4400];
+    if (partial_folder(folder, sizeof folder, cfg, step) != 0) {
         snprintf(err, errlen, "the checkpoint path of step %lld is too long", (long long)step);
         return -1;
     }
+    snprintf(path, sizeof path, "%s/model.safetensors", folder);
     if (mkdir_p(folder) != 0) {
         snprintf(err, errlen, "cannot create %s: %s", folder, strerror(errno));
         return -1;
@@ -178,13 +231,32 @@ int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *pa
 }
 
 int checkpoint_finish(const config_t *cfg, const qwen3_dims_t *d, int64_t step, char *err, size_t errlen) {
-    char folder[4096];
-    if (checkpoint_folder(folder, sizeof folder, cfg, step) != 0) {
+    char partial[4096], folder[4096];
+    if (partial_folder(partial, sizeof partial, cfg, step) != 0 || checkpoint_folder(folder, sizeof folder, cfg, step) != 0) {
         snprintf(err, errlen, "the checkpoint path of step %lld is too long", (long long)step);
         return -1;
     }
     /* The positions: Qwen3's own 40960, or the run's length where longer. */
-    return d->qk_norm ? write_hf_config(folder, d, cfg->max_target_length > 40960 ? cfg->max_target_length : 40960,
-                                        err, errlen)
-                      : 0;
+    if (d->qk_norm &&
+        write_hf_config(partial, d, cfg->max_target_length > 40960 ? cfg->max_target_length : 40960, err, errlen) != 0)
+        return -1;
+    /* An earlier run's checkpoint of this step goes whole, so that the folder holds one write. */
+    struct stat st;
+    if (stat(folder, &st) == 0 && S_ISDIR(st.st_mode) && remove_flat_folder(folder) != 0) {
+        snprintf(err, errlen, "cannot replace %s, an earlier run's checkpoint: %s", folder, strerror(errno));
+        return -1;
+    }
+    if (rename(partial, folder) != 0) {
+        snprintf(err, errlen, "cannot put %s in place: %s", folder, strerror(errno));
+        return -1;
+    }
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", folder);
+    *strrchr(parent, '/') = '\0';
+    int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) { /* the rename itself made durable, as atomic_file does for its files */
+        fsync(fd);
+        close(fd);
+    }
+    return 0;
 }

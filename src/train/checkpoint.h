@@ -1,15 +1,17 @@
 /* checkpoint: full-state checkpoints (enable_checkpointing, checkpoint_period), placed as
  * MaxText places them: after the update of every step that is a multiple of checkpoint_period,
- * and of the last step, in <base_output_directory>/<run_name>/checkpoints/<step>/:
+ * and of the last step, in <base_output_directory>/<run_name>/checkpoints/<step>/ (written as
+ * <step>.partial/, renamed into place once every rank's files are in it, so that a <step>
+ * folder is always a whole checkpoint):
  *   model.safetensors  the fp32 master parameters under Hugging Face's Qwen3 names (rank 0);
  *   optimizer_state-<k>-of-<R>.safetensors
  *                      AdamW's moments of shard k of the flat parameter vector (dist/zero.h's
  *                      shards; one file with one rank), with the step, the update count and
  *                      the layout's fingerprint in its metadata (each rank of the first replica
  *                      group writes its own);
- *   config.json        the Qwen3 shape, written by rank 0 after every rank's files, so a folder
- *                      with a config.json is a whole checkpoint, and transformers'
- *                      Qwen3ForCausalLM.from_pretrained opens it as a model folder.
+ *   config.json        the Qwen3 shape, written by rank 0 after every rank's files, so that
+ *                      transformers' Qwen3ForCausalLM.from_pretrained opens the folder as a
+ *                      model folder.
  * load_parameters_path reads the parameters back; load_full_state_path (train/resume.h) resumes
  * from the whole folder. Files are written whole (a temporary file, then a rename) while the
  * steps wait, outside every step's time. */
@@ -50,7 +52,8 @@ int checkpoint_optimizer_file(char *out, size_t n, const char *folder, int index
 /* Before set-up, so that a run that cannot keep its checkpoints says so at once: the checkpoints
  * folder must be a folder if it exists, and the run folder's filesystem must have room for all
  * the checkpoints of steps first_step .. steps - 1 (available_bytes: statvfs's, or a test's).
- * One line in err on refusal. */
+ * It also removes the <step>.partial folders an earlier run under this name left unfinished
+ * (rank 0, before any rank writes). One line in err on refusal. */
 int checkpoint_check(const config_t *cfg, const qwen3_dims_t *d, int64_t first_step, char *err, size_t errlen);
 int checkpoint_check_space(const config_t *cfg, const qwen3_dims_t *d, int64_t first_step, uint64_t available_bytes,
                            char *err, size_t errlen);
@@ -66,16 +69,16 @@ typedef struct checkpoint_optimizer_shard {
     int index, shards;
 } checkpoint_optimizer_shard_t;
 
-/* This rank's files of the checkpoint after `step`'s update: params (NULL on ranks other than 0)
- * to model.safetensors and shard (NULL on ranks that hold a replica's copy) to its
- * optimizer_state file. out gets the bytes written and the seconds. 0, or -1 with one line in
- * err (nothing left but the folders). */
+/* This rank's files of the checkpoint after `step`'s update, into <step>.partial: params (NULL
+ * on ranks other than 0) to model.safetensors and shard (NULL on ranks that hold a replica's
+ * copy) to its optimizer_state file. out gets the bytes written and the seconds. 0, or -1 with
+ * one line in err (no file half-written). */
 int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params,
                      const checkpoint_optimizer_shard_t *shard, int64_t step, checkpoint_written_t *out, char *err,
                      size_t errlen);
-/* Rank 0, once every rank's checkpoint_write of `step` is done: config.json, the mark of a whole
- * checkpoint (Qwen3 shapes only: without the q/k norms the shape is no Hugging Face model, and
- * no config.json is written). 0, or -1 with one line in err. */
+/* Rank 0, once every rank's checkpoint_write of `step` is done: config.json (Qwen3 shapes only:
+ * without the q/k norms the shape is no Hugging Face model), then <step>.partial renamed to
+ * <step>, replacing an earlier run's <step> folder. 0, or -1 with one line in err. */
 int checkpoint_finish(const config_t *cfg, const qwen3_dims_t *d, int64_t step, char *err, size_t errlen);
 
 #endif

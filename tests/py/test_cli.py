@@ -1241,6 +1241,24 @@ def test_parameters_file_is_checked_before_set_up(tmp_path):
     assert not run_dir(tmp_path, "big").exists()
 
 
+def test_checkpoint_folders_are_whole(tmp_path):
+    """A step's files are written into <step>.partial and the folder renamed into place once
+    whole, so a <step> folder is always one whole checkpoint: a run under the same name replaces
+    an earlier run's folder of that step whole (no file of it left), and removes the .partial
+    folders an interrupted run left before it writes (their files, such as another rank count's
+    optimizer shards, would otherwise end up in its checkpoints)."""
+    train(tmp_path, "steps=3", "enable_checkpointing=true", "checkpoint_period=2")
+    ck = run_dir(tmp_path) / "checkpoints"
+    (ck / "2" / "optimizer_state-00001-of-00002.safetensors").write_bytes(b"left by an earlier run")
+    (ck / "0.partial").mkdir()
+    (ck / "0.partial" / "optimizer_state-00000-of-00003.safetensors").write_bytes(b"interrupted")
+    r = train(tmp_path, "steps=3", "enable_checkpointing=true", "checkpoint_period=2")
+    files = ["config.json", "model.safetensors", OPTIMIZER_FILE]
+    assert sorted(p.relative_to(ck).as_posix() for p in ck.rglob("*")) == [
+        f"{s}{f}" for s in (0, 2) for f in [""] + [f"/{n}" for n in files]]
+    train(tmp_path, "steps=4", f"load_full_state_path={ck / '2'}", run_name="resumed")
+
+
 def test_checkpoint_that_cannot_be_written_stops_the_run(tmp_path):
     # step 2's folder cannot be made: the run stops after step 2 with a message, and keeps the
     # metrics of steps 0..2 and step 0's checkpoint
