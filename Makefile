@@ -112,15 +112,18 @@ FUZZ_CC     := clang
 FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link $(FUZZ_SAN) \
                -Wall -Wextra -Werror -Wno-unknown-pragmas -Isrc -Ifuzz -MMD -MP
-FUZZ_TARGETS := config_yaml config_override safetensors tokens
+FUZZ_TARGETS := config_yaml config_override safetensors tokens full_state
 FUZZ_SRC_config_yaml     := src/config/config.c
 FUZZ_SRC_config_override := src/config/config.c
 FUZZ_SRC_safetensors     := src/io/safetensors.c src/util/atomic_file.c src/model/qwen3_params.c
 FUZZ_SRC_tokens          := src/data/tokens.c src/data/data.c src/data/synthetic.c
+FUZZ_SRC_full_state      := src/train/resume.c src/train/checkpoint.c src/io/safetensors.c src/util/atomic_file.c \
+                            src/model/qwen3_params.c
 FUZZ_LIBS_config_yaml     := -lyaml
 FUZZ_LIBS_config_override := -lyaml
 FUZZ_LIBS_safetensors     := -lcjson
 FUZZ_LIBS_tokens          :=
+FUZZ_LIBS_full_state      := -lcjson
 
 fuzz: $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 

@@ -150,3 +150,41 @@ put("tokens", "id_over_vocab", tokens(3, 0x00, 16, [1, 2, 3, 16, 4, 5]))
 put("tokens", "empty", tokens(3, 0x00, 16, []))
 put("tokens", "odd_length", tokens(0, 0x00, 16, [1, 2]) + b"\x01")
 put("tokens", "rows_outside", tokens(1, 0x3C, 16, [1] * 20))
+
+
+# ---- full_state: the micro model's optimizer_state file (train/resume.c), one shard. Its layout
+# fingerprint is qwen3_layout_hash's: FNV-1a over each tensor's name (with its NUL) and its
+# offset, rows and cols as little-endian int64s (cols 0 for a vector), in MICRO's order.
+def layout_hash(tensors):
+    h, off = 14695981039346656037, 0
+    for name, shape in tensors:
+        rows, cols = shape[0], (shape[1] if len(shape) > 1 else 0)
+        for b in name.encode() + b"\x00" + struct.pack("<qqq", off, rows, cols):
+            h = ((h ^ b) * 1099511628211) & ((1 << 64) - 1)
+        off += numel(shape)
+    return h or 1
+
+
+N_MICRO = sum(numel(s) for _, s in MICRO)
+STATE_META = {"format": "stepscope adamw state 1", "step": "4", "updates_done": "5", "num_params": str(N_MICRO),
+              "shard_lo": "0", "shard_count": str(N_MICRO), "param_layout": f"{layout_hash(MICRO):016x}"}
+
+
+def state(meta_edit=None, tensors=None):
+    meta = dict(STATE_META)
+    if meta_edit:
+        meta_edit(meta)
+    return safetensors(tensors or [("exp_avg", [N_MICRO]), ("exp_avg_sq", [N_MICRO])], meta=meta)
+
+
+put("full_state", "valid", state())
+put("full_state", "other_format", state(lambda m: m.update(format="pt")))
+put("full_state", "step_not_a_number", state(lambda m: m.update(step="4x")))
+put("full_state", "no_updates", state(lambda m: m.update(updates_done="0")))
+put("full_state", "other_layout", state(lambda m: m.update(param_layout="0123456789abcdef")))
+put("full_state", "shard_out_of_place", state(lambda m: m.update(shard_lo="16")))
+put("full_state", "short_shard", state(lambda m: m.update(shard_count=str(N_MICRO - 1)),
+                                       [("exp_avg", [N_MICRO - 1]), ("exp_avg_sq", [N_MICRO - 1])]))
+put("full_state", "one_moment", state(tensors=[("exp_avg", [N_MICRO])]))
+put("full_state", "bf16_moments", safetensors([("exp_avg", [N_MICRO]), ("exp_avg_sq", [N_MICRO])], "BF16",
+                                              meta=STATE_META))

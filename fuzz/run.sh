@@ -8,7 +8,7 @@
 set -u
 cd "$(dirname "$0")/.."
 secs=${1:-60}
-targets="config_yaml config_override safetensors tokens"
+targets="config_yaml config_override safetensors tokens full_state"
 make -s fuzz || exit 1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

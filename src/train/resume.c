@@ -122,8 +122,8 @@ static int open_shards(full_state_t *fs, const char *path, const qwen3_dims_t *d
         shard_meta_t m;
         if (check_shard(st, file, &m, err, errlen) != 0) return -1;
         if (m.num_params != n || m.layout != layout) {
-            snprintf(err, errlen, "load_full_state_path=%s holds the AdamW state of a model of %lld parameters in "
-                     "another layout, not this config's %lld; resume with the config that wrote it", path,
+            snprintf(err, errlen, "load_full_state_path=%s holds the AdamW state of another model (%lld parameters in "
+                     "another layout; this config's has %lld); resume with the config that wrote it", path,
                      (long long)m.num_params, (long long)n);
             return -1;
         }
