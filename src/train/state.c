@@ -76,8 +76,9 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
                            .bf16 = plan->bf16, .gemm_library = lib, .trace = trace};
     const bool data_parallel = par && comm_size(par->world) > 1;
-    /* One rank: the gradient buffer is the one the norm is taken over, so the weight gradients'
-     * products may take their squares as they write them. */
+    /* One rank and one pass: the gradient buffer is the one the norm is taken over, and the
+     * weight gradients' products write its final values, so they may take their squares as they
+     * write them (with micro-batches the first pass writes and the others add). */
     opt.grad_sumsq = !data_parallel && plan->micro_batches == 1;
     if (data_parallel) {
         zero_options_t zo = {.world = par->world, .shard = par->shard, .replica = par->replica, .num_params = n,
