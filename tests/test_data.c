@@ -183,6 +183,8 @@ static data_options_t tokens_opts(const char *path, int64_t vocab, int64_t S, in
                             .local_batch = global_batch, .depth = 2};
 }
 
+static void expect_refused(const data_options_t *o, const char *const *substrings);
+
 static void test_tokens_windows(void **state) {
     (void)state;
     /* N = 23 ids 100..122, S = 4: W = floor(22/4) = 5 windows, window w = ids[4w .. 4w+4].
@@ -232,6 +234,35 @@ static void test_tokens_windows(void **state) {
         data_release(d, step);
     }
     data_close(d);
+    /* a pass over the data (cycle = -1): 5 windows make 1 whole batch of 3 (windows 3 and 4
+     * left out), and every step reads it, from any first batch that is a multiple of the cycle */
+    o.cycle = -1;
+    o.first_batch = 0;
+    assert_int_equal(data_open(&d, &o, err, sizeof err), 0);
+    assert_int_equal(data_whole_batches(d), 1);
+    int32_t *first = fill(&o, 0);
+    for (int64_t step = 0; step < 4; step++) {
+        double w;
+        assert_memory_equal(data_next(d, step, &w), first, batch_elems(&o) * sizeof(int32_t));
+        data_release(d, step);
+    }
+    data_close(d);
+    free(first);
+    o.global_batch = o.local_batch = 2; /* 2 whole batches: windows 0-1, 2-3 */
+    assert_int_equal(data_open(&d, &o, err, sizeof err), 0);
+    assert_int_equal(data_whole_batches(d), 2);
+    for (int64_t step = 0; step < 5; step++) {
+        double w;
+        int32_t *ref = fill(&o, step % 2);
+        assert_memory_equal(data_next(d, step, &w), ref, batch_elems(&o) * sizeof(int32_t));
+        free(ref);
+        data_release(d, step);
+    }
+    data_close(d);
+    o.global_batch = o.local_batch = 6; /* more rows than windows: no whole batch */
+    const char *const fewer[] = {"fewer windows of 4 + 1 ids than one batch of 6", NULL};
+    expect_refused(&o, fewer);
+    o = tokens_opts(path, 1000, S, GB);
     /* an exact fit: N = S+1 is one window, every row reads it */
     snprintf(path, sizeof path, "%s/one_window.bin", g_dir);
     write_ids(path, ids, S + 1);

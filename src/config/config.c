@@ -550,6 +550,10 @@ static int check_cross(loader_t *L) {
                        "load_parameters_path starts one from parameters",
                     c->load_parameters_path, ORIGIN(load_parameters_path), c->load_full_state_path,
                     ORIGIN(load_full_state_path));
+    if (c->eval_steps == 0)
+        return fail(L, "eval_steps=0 %s: allowed: -1 (the whole evaluation set: every whole batch of the token "
+                       "file, or synthetic data's one batch) or N >= 1 (batches per evaluation)",
+                    ORIGIN(eval_steps));
     if (c->eval_interval == 0)
         return fail(L, "eval_interval=0 %s: allowed: -1 (no evaluation) or N >= 1 (evaluate after every N steps)",
                     ORIGIN(eval_interval));

@@ -12,6 +12,7 @@ typedef enum { DATA_SYNTHETIC, DATA_TOKENS } data_kind_t;
 
 struct data_reader {
     data_kind_t kind;
+    int64_t global_batch;
     data_synthetic_t *synthetic;
     data_tokens_t *tokens;
 };
@@ -47,6 +48,10 @@ static int check_options(const data_options_t *opt, char *err, size_t errlen) {
         snprintf(err, errlen, "data: prefetch_depth %" PRId64 " must be >= 1", opt->depth);
         return 1;
     }
+    if (opt->cycle < -1) {
+        snprintf(err, errlen, "data: cycle %" PRId64 " must be 0 or -1", opt->cycle);
+        return 1;
+    }
     if (opt->delay_ms < 0) {
         snprintf(err, errlen, "data: data_delay_ms %" PRId64 " must be >= 0", opt->delay_ms);
         return 1;
@@ -63,6 +68,7 @@ int data_reader_open(data_reader_t **out, const data_options_t *opt, char *err, 
         return 1;
     }
     int rc;
+    r->global_batch = opt->global_batch;
     if (strcmp(opt->dataset_type, "synthetic") == 0) {
         r->kind = DATA_SYNTHETIC;
         rc = data_synthetic_open(&r->synthetic, opt, err, errlen);
@@ -81,6 +87,10 @@ int data_reader_open(data_reader_t **out, const data_options_t *opt, char *err, 
 void data_reader_fill(const data_reader_t *r, int64_t step, int32_t *out) {
     if (r->kind == DATA_SYNTHETIC) data_synthetic_fill(r->synthetic, step, out);
     else data_tokens_fill(r->tokens, step, out);
+}
+
+int64_t data_reader_whole_batches(const data_reader_t *r) {
+    return r->kind == DATA_SYNTHETIC ? 1 : data_tokens_windows(r->tokens) / r->global_batch;
 }
 
 void data_reader_close(data_reader_t *r) {

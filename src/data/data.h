@@ -25,6 +25,9 @@ typedef struct data_options {
     uint64_t seed;
     int64_t first_batch;      /* data_next's step i is the reader's batch first_batch + i (a resumed
                                  run's first step, or the evaluations' batches read before it) */
+    int64_t cycle;            /* 0: none; -1: data_next's step i is batch (first_batch + i) mod
+                                 the whole batches of one pass over the data (data_whole_batches),
+                                 so that every run of that many steps reads the data once */
     int64_t depth;            /* ring slots (batches ahead); >= 1 */
     int64_t delay_ms;         /* test knob: the producer sleeps this long per batch */
     trace_t *trace;           /* may be NULL; the producer records "data/produce" spans */
@@ -41,6 +44,10 @@ int data_open(data_source_t **out, const data_options_t *opt, char *err, size_t 
  * in order 0, 1, 2, ... */
 const int32_t *data_next(data_source_t *d, int64_t step, double *wait_seconds);
 void data_release(data_source_t *d, int64_t step);
+/* The whole global batches in one pass over the source: floor(windows / global_batch) of a
+ * token file (the windows past the last whole batch are left out), 1 of synthetic data (one
+ * batch, reused). */
+int64_t data_whole_batches(const data_source_t *d);
 /* Stop the producer and free everything. NULL is fine. */
 void data_close(data_source_t *d);
 
@@ -50,6 +57,7 @@ void data_close(data_source_t *d);
 typedef struct data_reader data_reader_t;
 int data_reader_open(data_reader_t **out, const data_options_t *opt, char *err, size_t errlen);
 void data_reader_fill(const data_reader_t *r, int64_t step, int32_t *out);
+int64_t data_reader_whole_batches(const data_reader_t *r);
 void data_reader_close(data_reader_t *r);
 /* One shot: open a reader, fill the batch of `step`, close. Same errors as data_open. */
 int data_fill_batch(const data_options_t *opt, int64_t step, int32_t *out, char *err, size_t errlen);
@@ -63,6 +71,7 @@ void data_synthetic_close(data_synthetic_t *s);
 typedef struct data_tokens data_tokens_t;       /* tokens.c */
 int data_tokens_open(data_tokens_t **out, const data_options_t *opt, char *err, size_t errlen);
 void data_tokens_fill(const data_tokens_t *t, int64_t step, int32_t *out);
+int64_t data_tokens_windows(const data_tokens_t *t);
 void data_tokens_close(data_tokens_t *t);
 
 #endif

@@ -8,6 +8,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@ enum { SLOT_FREE = -1 };
 struct data_source {
     data_options_t opt;
     data_reader_t *reader;
+    int64_t cycle;        /* opt.cycle resolved: 0, or the batches of one pass */
     int32_t *ring;        /* [depth, local_batch, S+1] */
     size_t slot_elems;    /* local_batch * (S+1) */
     int64_t *slot_step;   /* [depth]: the step a slot holds, or SLOT_FREE */
@@ -67,7 +69,9 @@ static void *producer(void *arg) {
         pthread_mutex_unlock(&d->mu);
 
         int64_t t0 = trace_begin(d->opt.trace);
-        data_reader_fill(d->reader, d->opt.first_batch + step, d->ring + slot * d->slot_elems);
+        int64_t batch = d->opt.first_batch + step;
+        if (d->cycle > 0) batch %= d->cycle;
+        data_reader_fill(d->reader, batch, d->ring + slot * d->slot_elems);
         pthread_mutex_lock(&d->mu);
         if (d->opt.delay_ms > 0) delay_locked(d);
         if (d->stop) break; /* a batch cut short by close is not a span */
@@ -88,6 +92,13 @@ int data_open(data_source_t **out, const data_options_t *opt, char *err, size_t 
     }
     d->opt = *opt;
     if (data_reader_open(&d->reader, opt, err, errlen)) {
+        free(d);
+        return 1;
+    }
+    if (opt->cycle == -1 && (d->cycle = data_reader_whole_batches(d->reader)) < 1) {
+        snprintf(err, errlen, "data: %s holds fewer windows of %" PRId64 " + 1 ids than one batch of %" PRId64
+                 " sequences; a pass over it needs a longer file", opt->dataset_path, opt->seq_len, opt->global_batch);
+        data_reader_close(d->reader);
         free(d);
         return 1;
     }
@@ -142,6 +153,8 @@ const int32_t *data_next(data_source_t *d, int64_t step, double *wait_seconds) {
     d->next_step++;
     return d->ring + slot * d->slot_elems;
 }
+
+int64_t data_whole_batches(const data_source_t *d) { return data_reader_whole_batches(d->reader); }
 
 void data_release(data_source_t *d, int64_t step) {
     assert(step == d->release_step && step < d->next_step &&

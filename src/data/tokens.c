@@ -134,6 +134,8 @@ void data_tokens_fill(const data_tokens_t *t, int64_t step, int32_t *out) {
     }
 }
 
+int64_t data_tokens_windows(const data_tokens_t *t) { return (int64_t)t->windows; }
+
 void data_tokens_close(data_tokens_t *t) {
     if (!t) return;
     munmap((void *)t->ids, t->n * 4);

@@ -74,6 +74,7 @@ typedef struct loop {
     data_source_t *data;
     data_source_t *eval_data; /* NULL unless eval_interval > 0 */
     int64_t eval_batches_read;
+    int64_t eval_batches;     /* per evaluation: eval_steps, or with -1 the whole set's */
     trace_t *trace;
     int64_t profile_first, profile_last; /* -1 when not profiling */
     uint32_t span_train, span_data_wait, span_eval, span_checkpoint;
@@ -134,14 +135,14 @@ static void evaluate(loop_t *l, step_record_t *rec) {
     if (recording) trace_set_recording(l->trace, false);
     int64_t t0 = now_ns();
     double sum = 0.0;
-    for (int64_t i = 0; i < l->cfg->eval_steps; i++, l->eval_batches_read++) {
+    for (int64_t i = 0; i < l->eval_batches; i++, l->eval_batches_read++) {
         double wait;
         sum += train_eval_loss(&l->state, data_next(l->eval_data, l->eval_batches_read, &wait));
         data_release(l->eval_data, l->eval_batches_read);
     }
     rec->eval_seconds = (double)(now_ns() - t0) * 1e-9;
-    rec->eval_batches = l->cfg->eval_steps;
-    rec->eval_loss = sum / (double)l->cfg->eval_steps;
+    rec->eval_batches = l->eval_batches;
+    rec->eval_loss = sum / (double)l->eval_batches;
     if (recording) {
         trace_set_recording(l->trace, true);
         trace_end(l->trace, LANE_COMPUTE, l->span_eval, span, 0);
@@ -325,9 +326,15 @@ static int open_data(loop_t *l, char *err, size_t errlen) {
     opt.global_batch = cfg->per_device_batch_size * l->plan->num_ranks;
     opt.row_offset = cfg->per_device_batch_size * l->rank;
     opt.local_batch = cfg->per_device_batch_size;
-    opt.first_batch = evaluations_before(cfg, l->first_step) * cfg->eval_steps;
+    /* eval_steps=-1: each evaluation reads the whole set from its first batch (a cycle of its
+     * batches), a resumed run's as well. */
+    opt.cycle = cfg->eval_steps == -1 ? -1 : 0;
+    opt.first_batch = cfg->eval_steps == -1 ? 0 : evaluations_before(cfg, l->first_step) * cfg->eval_steps;
     opt.trace = NULL;
-    if (data_open(&l->eval_data, &opt, err, errlen) == 0) return 0;
+    if (data_open(&l->eval_data, &opt, err, errlen) == 0) {
+        l->eval_batches = cfg->eval_steps == -1 ? data_whole_batches(l->eval_data) : cfg->eval_steps;
+        return 0;
+    }
     char inner[512];
     snprintf(inner, sizeof inner, "%s", err);
     snprintf(err, errlen, "evaluation data: %s", inner);

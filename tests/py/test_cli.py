@@ -1503,6 +1503,36 @@ def test_evaluation_on_a_token_file(tmp_path):
     assert "set-up:" not in r.stdout
 
 
+def test_evaluation_of_the_whole_set(tmp_path):
+    """eval_steps=-1 (MaxText: the whole evaluation set) evaluates every whole batch of the
+    evaluation file, from its first window each time: 7 windows of 32 + 1 ids make 3 batches of
+    2 (the 7th window is left out). With parameters that do not move (learning_rate=0) every
+    evaluation then gives the same loss, the first one's of eval_steps=3, whose next evaluation
+    reads on to other windows. Synthetic data is one batch. A file with fewer windows than one
+    batch is refused before set-up, and eval_steps=0 at the config."""
+    f = write_tokens(tmp_path / "eval.bin", np.random.default_rng(9).integers(0, 256, size=7 * 32 + 1))
+    common = ["steps=4", "learning_rate=0", "adam_weight_decay=0", "max_target_length=32", "eval_interval=1",
+              "dataset_type=tokens", f"dataset_path={f}", f"eval_dataset_path={f}"]
+    r = train(tmp_path, *common, "eval_steps=-1", run_name="whole")
+    whole = [m for m in read_metrics(tmp_path, "whole")[0] if "eval/avg_loss" in m]
+    assert [m["step"] for m in whole] == [1, 2, 3]
+    assert len({m["eval/avg_loss"] for m in whole}) == 1
+    assert all(m["eval/total_weights"] == 3 * 2 * 32 for m in whole)
+    assert "(3 batches)" in r.stdout
+    train(tmp_path, *common, "eval_steps=3", run_name="three")
+    three = [m for m in read_metrics(tmp_path, "three")[0] if "eval/avg_loss" in m]
+    assert three[0]["eval/avg_loss"] == whole[0]["eval/avg_loss"]
+    assert three[1]["eval/avg_loss"] != whole[1]["eval/avg_loss"]
+    train(tmp_path, "steps=3", "eval_interval=2", "eval_steps=-1", run_name="synthetic")
+    assert [m["eval/total_weights"] for m in read_metrics(tmp_path, "synthetic")[0] if "eval/avg_loss" in m] == [2 * 256]
+    short = write_tokens(tmp_path / "short.bin", np.arange(33) % 256)
+    r = stepscope(tmp_path, *FAST, "run_name=x", *common[:-1], f"eval_dataset_path={short}", "eval_steps=-1")
+    assert r.returncode == 1 and "evaluation data:" in r.stderr and "fewer windows" in r.stderr, r.stderr
+    assert not run_dir(tmp_path, "x").exists()
+    r = stepscope(tmp_path, *FAST, "eval_steps=0")
+    assert r.returncode == 2 and "eval_steps=0" in r.stderr
+
+
 def test_evaluation_is_outside_the_step_times(tmp_path):
     # 200 batches of evaluation take ~100 times a tiny step; the step after it is timed from its
     # end, so it stays a step's length
