@@ -380,8 +380,8 @@ void report_summary(report_t *r, FILE *out) {
     r->summarised = true;
     free(s);
     double median = r->median, tflops_s = r->plan.tflops_per_device / median;
-    fprintf(out, "summary over steps %lld..%lld (%lld steps; step %lld left out):\n", first + 1, first + n, (long long)n,
-            first);
+    fprintf(out, "summary over steps %lld..%lld (%lld step%s; step %lld left out):\n", first + 1, first + n, (long long)n,
+            n == 1 ? "" : "s", first);
     fprintf(out, "  step time     median %.3f s, min %.3f s, max %.3f s\n", median, r->fastest, r->slowest);
     fprintf(out, "  tokens/s/device %.1f (at the median)\n", (double)r->plan.tokens_per_device / median);
     fprintf(out, "  TFLOP/s/device  %.4f (%.4f TFLOP per step, MaxText's count)\n", tflops_s, r->plan.tflops_per_device);
