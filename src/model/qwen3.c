@@ -488,7 +488,7 @@ static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, fl
     double sumsq = 0.0;
     bool summed = false;
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T), {
-        if (m->opt.grad_sumsq && !m->grads_accumulate)
+        if (m->opt.grad_sumsq)
             summed = gemm_bf16_sumsq(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16,
                                      ld16(m, in), dW, in, m->s.tile_sums, m->s.tile_sums_floats, &sumsq);
         else

@@ -3,7 +3,6 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -47,9 +46,10 @@ int checkpoint_optimizer_file(char *out, size_t n, const char *folder, int index
 
 /* Where a step's files are written before the folder is whole: <step>.partial beside it. */
 static int partial_folder(char *out, size_t n, const config_t *cfg, int64_t step) {
-    int k = snprintf(out, n, "%s/%s/checkpoints/%lld.partial", cfg->base_output_directory, cfg->run_name,
-                     (long long)step);
-    return k < 0 || (size_t)k >= n ? -1 : 0;
+    static const char suffix[] = ".partial";
+    if (checkpoint_folder(out, n, cfg, step) != 0 || strlen(out) + sizeof suffix > n) return -1;
+    strcat(out, suffix);
+    return 0;
 }
 
 /* A folder of files only (a checkpoint's): each file removed, then the folder. 0, or -1 with
@@ -250,13 +250,6 @@ int checkpoint_finish(const config_t *cfg, const qwen3_dims_t *d, int64_t step, 
         snprintf(err, errlen, "cannot put %s in place: %s", folder, strerror(errno));
         return -1;
     }
-    char parent[4096];
-    snprintf(parent, sizeof parent, "%s", folder);
-    *strrchr(parent, '/') = '\0';
-    int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) { /* the rename itself made durable, as atomic_file does for its files */
-        fsync(fd);
-        close(fd);
-    }
+    fsync_parent_dir(folder); /* the rename made durable, as atomic_file does for its files */
     return 0;
 }

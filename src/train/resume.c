@@ -142,6 +142,7 @@ static int open_shards(full_state_t *fs, const char *path, const qwen3_dims_t *d
                      (long long)n);
             return -1;
         }
+        fs->shard_lo[k] = m.lo;
         next_lo = m.lo + m.count;
     }
     if (next_lo != n) {
@@ -179,7 +180,9 @@ int full_state_open(full_state_t *fs, const char *path, const qwen3_dims_t *d, c
     }
     fs->shards = shards;
     fs->files = calloc((size_t)shards, sizeof *fs->files);
-    if (!fs->files) {
+    fs->shard_lo = calloc((size_t)shards, sizeof *fs->shard_lo);
+    if (!fs->files || !fs->shard_lo) {
+        full_state_close(fs);
         snprintf(err, errlen, "out of memory opening load_full_state_path=%s", path);
         return -1;
     }
@@ -220,9 +223,7 @@ int full_state_read_moments(const full_state_t *fs, int64_t lo, int64_t count, f
     for (int k = 0; k < fs->shards && count > 0; k++) {
         const safetensors_t *st = &fs->files[k];
         const st_tensor_t *tm = safetensors_find(st, "exp_avg"), *tv = safetensors_find(st, "exp_avg_sq");
-        int64_t file_lo = 0, file_count;
-        meta_int(st, "shard_lo", false, &file_lo); /* checked by full_state_open */
-        file_count = tm->numel;
+        const int64_t file_lo = fs->shard_lo[k], file_count = tm->numel;
         int64_t a = lo > file_lo ? lo : file_lo, b = lo + count < file_lo + file_count ? lo + count : file_lo + file_count;
         if (a >= b) continue;
         if (read_floats(st, tm, a - file_lo, b - a, m + (a - lo), err, errlen) != 0 ||
@@ -236,5 +237,6 @@ void full_state_close(full_state_t *fs) {
     for (int k = 0; fs->files && k < fs->shards; k++)
         if (fs->files[k].path) safetensors_close(&fs->files[k]);
     free(fs->files);
+    free(fs->shard_lo);
     memset(fs, 0, sizeof *fs);
 }

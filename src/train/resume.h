@@ -21,6 +21,7 @@ typedef struct full_state {
     int64_t updates_done; /* AdamW's update count (its bias corrections) */
     int shards;
     safetensors_t *files; /* [shards], in shard order */
+    int64_t *shard_lo;    /* [shards]: the first parameter each file's moments start at */
 } full_state_t;
 
 /* Open and check the checkpoint folder `path` for a model of shape d (the parameters' names and

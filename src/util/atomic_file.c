@@ -9,8 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* fsync the directory holding path, so the rename itself survives a crash. */
-static int fsync_parent_dir(const char *path) {
+int fsync_parent_dir(const char *path) {
     const char *slash = strrchr(path, '/');
     char dir[4096];
     if (!slash) snprintf(dir, sizeof dir, ".");

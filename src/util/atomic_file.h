@@ -28,6 +28,10 @@ int atomic_file_write_through(FILE *f, const void *data, size_t n);
  * is about to _exit (one write is in progress at a time: only the host thread writes files). */
 void atomic_file_abandon(void);
 
+/* fsync the directory holding path, so that a rename into it survives a crash (a filesystem
+ * that cannot fsync a directory counts as done). 0, or -1 with errno set. */
+int fsync_parent_dir(const char *path);
+
 /* mkdir -p: create path and missing parents (mode 0777 & ~umask). 0 if it exists or was
  * created, -1 with errno set otherwise (ENOTDIR if a component is a file). */
 int mkdir_p(const char *path);
