@@ -84,9 +84,10 @@ def safetensors(tensors, dtype="F32", meta=None, header_edit=None, pad=True):
     header, off = {}, 0
     if meta is not None:
         header["__metadata__"] = meta
-    for name, shape in tensors:
-        nb = numel(shape) * SIZES[dtype]
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + nb]}
+    for name, shape, *own in tensors:  # (name, shape) in dtype, or (name, shape, its own dtype)
+        kind = own[0] if own else dtype
+        nb = numel(shape) * SIZES[kind]
+        header[name] = {"dtype": kind, "shape": shape, "data_offsets": [off, off + nb]}
         off += nb
     if header_edit:
         header_edit(header)
@@ -188,3 +189,5 @@ put("full_state", "short_shard", state(lambda m: m.update(shard_count=str(N_MICR
 put("full_state", "one_moment", state(tensors=[("exp_avg", [N_MICRO])]))
 put("full_state", "bf16_moments", safetensors([("exp_avg", [N_MICRO]), ("exp_avg_sq", [N_MICRO])], "BF16",
                                               meta=STATE_META))
+# mu_dtype=bfloat16's file: exp_avg in BF16 after exp_avg_sq in F32 (valid)
+put("full_state", "bf16_mu", safetensors([("exp_avg_sq", [N_MICRO]), ("exp_avg", [N_MICRO], "BF16")], meta=STATE_META))

@@ -92,17 +92,12 @@ int main(int argc, char **argv) {
     rc = plan_build(&plan, &cfg, threads, plan_ranks, err, sizeof err);
     plan.ranks_per_host = comm_host_ranks(world);
     if ((rc = comm_agree(world, rc, err)) != 0) return finish(world, rc);
-    /* A dry run of a resumed run says where it resumes, and counts the checkpoints from there. */
+    /* A dry run of a resumed run says where it resumes, and counts the checkpoints from there; it
+     * refuses what the run would refuse (no steps left, a profiler window past the end). */
     int64_t first_step = 0;
-    if (rc == 0 && dry_run && cfg.load_full_state_path[0]) {
-        full_state_t fs;
-        if ((rc = full_state_open(&fs, cfg.load_full_state_path, &plan.dims, err, sizeof err)) == 0) {
-            first_step = fs.step + 1;
-            full_state_close(&fs);
-        } else {
-            rc = 1;
-        }
-    }
+    if (rc == 0 && dry_run && cfg.load_full_state_path[0] &&
+        full_state_first_step(&cfg, &plan.dims, &first_step, err, sizeof err) != 0)
+        rc = 1;
     if ((rc = comm_agree(world, rc, err)) != 0) return finish(world, rc);
     if (dry_run && comm_rank(world) == 0) {
         config_print(&cfg, stdout);

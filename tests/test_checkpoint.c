@@ -60,6 +60,12 @@ static void tiny(config_t *cfg, qwen3_dims_t *d, const char *base, int64_t steps
     *d = plan_dims(cfg);
 }
 
+/* tiny() under a fresh temporary folder: base is a mkdtemp template, filled in. */
+static void tiny_in_temp(config_t *cfg, qwen3_dims_t *d, char *base, int64_t steps, int64_t period) {
+    assert_non_null(mkdtemp(base));
+    tiny(cfg, d, base, steps, period);
+}
+
 /* The bound covers the files as written (parameters and two moments), and a run's need is its
  * count times the bound: refused one byte short of it, with the numbers and the knobs in the
  * message; a resumed run counts from its first step. */
@@ -86,10 +92,9 @@ static void test_space_needed(void **state) {
 static void test_write_and_read_back(void **state) {
     (void)state;
     char base[] = "/tmp/test_checkpoint.XXXXXX", err[600], path[4096], dir[4096];
-    assert_non_null(mkdtemp(base));
     config_t cfg;
     qwen3_dims_t d;
-    tiny(&cfg, &d, base, 5, 2);
+    tiny_in_temp(&cfg, &d, base, 5, 2);
     int64_t n = qwen3_num_params(&d);
     float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
     qwen3_init_params(a, &d, 3);
@@ -162,6 +167,24 @@ static void expect_refused(const char *folder, const qwen3_dims_t *d, const char
     assert_null(strchr(err, '\n'));
 }
 
+/* A full state's arrays for model d: parameters from seed 5, moments m and v in patterns that
+ * bf16 does not hold exactly, and m2, v2 to read them back into. */
+typedef struct state_arrays {
+    int64_t n;
+    float *p, *m, *v, *m2, *v2;
+} state_arrays_t;
+
+static state_arrays_t state_arrays(const qwen3_dims_t *d) {
+    state_arrays_t a = {.n = qwen3_num_params(d)};
+    float **all[] = {&a.p, &a.m, &a.v, &a.m2, &a.v2};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) assert_non_null(*all[i] = malloc((size_t)a.n * sizeof(float)));
+    qwen3_init_params(a.p, d, 5);
+    for (int64_t i = 0; i < a.n; i++) a.m[i] = 1.2345e-3f * (float)(i % 977) - 0.4f, a.v[i] = 1e-6f * (float)(i % 313);
+    return a;
+}
+
+static void state_arrays_free(state_arrays_t *a) { free(a->p), free(a->m), free(a->v), free(a->m2), free(a->v2); }
+
 /* A full state written by 3 ranks (one shard each, rank 0 the parameters too) reads back to the
  * same bits over 1 and 2 shards' ranges, with its step and update count; an empty shard (more
  * ranks than 16-float blocks) is a file too. Refused, naming the problem: a folder without the
@@ -170,16 +193,12 @@ static void expect_refused(const char *folder, const qwen3_dims_t *d, const char
 static void test_full_state_in_shards(void **state) {
     (void)state;
     char base[] = "/tmp/test_checkpoint.XXXXXX", err[1024], folder[4096];
-    assert_non_null(mkdtemp(base));
     config_t cfg;
     qwen3_dims_t d;
-    tiny(&cfg, &d, base, 8, 3);
-    int64_t n = qwen3_num_params(&d);
-    float *p = malloc((size_t)n * sizeof(float)), *m = malloc((size_t)n * sizeof(float)),
-          *v = malloc((size_t)n * sizeof(float)), *m2 = malloc((size_t)n * sizeof(float)),
-          *v2 = malloc((size_t)n * sizeof(float));
-    qwen3_init_params(p, &d, 5);
-    for (int64_t i = 0; i < n; i++) m[i] = 1e-3f * (float)(i % 977) - 0.4f, v[i] = 1e-6f * (float)(i % 313);
+    tiny_in_temp(&cfg, &d, base, 8, 3);
+    state_arrays_t a = state_arrays(&d);
+    const int64_t n = a.n;
+    float *p = a.p, *m = a.m, *v = a.v, *m2 = a.m2, *v2 = a.v2;
     for (int k = 0; k < 3; k++) write_shard(&cfg, &d, p, m, v, k, 3, 6, 7);
     assert_int_equal(checkpoint_finish(&cfg, &d, 6, err, sizeof err), 0);
     assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 6), 0);
@@ -194,7 +213,7 @@ static void test_full_state_in_shards(void **state) {
         for (int k = 0; k < ranks; k++) {
             int64_t lo, count;
             zero_shard_range(n, ranks, k, &lo, &count);
-            assert_int_equal(full_state_read_moments(&fs, lo, count, m2 + lo, v2 + lo, err, sizeof err), 0);
+            assert_int_equal(full_state_read_moments(&fs, lo, count, m2 + lo, NULL, v2 + lo, err, sizeof err), 0);
         }
         assert_memory_equal(m, m2, (size_t)n * sizeof(float));
         assert_memory_equal(v, v2, (size_t)n * sizeof(float));
@@ -210,7 +229,7 @@ static void test_full_state_in_shards(void **state) {
     assert_int_equal(checkpoint_finish(&cfg, &d, 2, err, sizeof err), 0);
     assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 2), 0);
     assert_int_equal(full_state_open(&fs, folder, &d, err, sizeof err), 0);
-    assert_int_equal(full_state_read_moments(&fs, 0, n, m2, v2, err, sizeof err), 0);
+    assert_int_equal(full_state_read_moments(&fs, 0, n, m2, NULL, v2, err, sizeof err), 0);
     assert_memory_equal(m, m2, (size_t)n * sizeof(float));
     full_state_close(&fs);
 
@@ -252,7 +271,64 @@ static void test_full_state_in_shards(void **state) {
     qwen3_dims_t wider = d;
     wider.F += 32;
     expect_refused(folder, &wider, "another layout");
-    free(p), free(p2), free(m), free(v), free(m2), free(v2);
+    free(p2);
+    state_arrays_free(&a);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -r %s", base);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* AdamW's m in either dtype (mu_dtype): a bf16 m is written as BF16 (v stays F32) and reads
+ * back to the same bits into bf16, and widened exactly into fp32; an fp32 m reads into bf16
+ * rounded to nearest even. The shards' ranges are read across files, as on another rank count. */
+static void test_full_state_moment_dtypes(void **state) {
+    (void)state;
+    char base[] = "/tmp/test_checkpoint.XXXXXX", err[1024], folder[4096], file[4200];
+    config_t cfg;
+    qwen3_dims_t d;
+    tiny_in_temp(&cfg, &d, base, 8, 3);
+    state_arrays_t a = state_arrays(&d);
+    const int64_t n = a.n;
+    float *p = a.p, *m = a.m, *v = a.v, *m2 = a.m2, *v2 = a.v2;
+    bf16_t *m16 = malloc((size_t)n * sizeof(bf16_t)), *m16b = malloc((size_t)n * sizeof(bf16_t));
+    for (int64_t i = 0; i < n; i++) m16[i] = bf16_from_f32(m[i]);
+    for (int k = 0; k < 2; k++) {
+        int64_t lo, count;
+        zero_shard_range(n, 2, k, &lo, &count);
+        checkpoint_optimizer_shard_t sh = {.m16 = m16 + lo, .v = v + lo, .lo = lo, .count = count, .num_params = n,
+                                           .updates_done = 4, .index = k, .shards = 2};
+        checkpoint_written_t w;
+        assert_int_equal(checkpoint_write(&cfg, &d, k == 0 ? p : NULL, &sh, 3, &w, err, sizeof err), 0);
+    }
+    assert_int_equal(checkpoint_finish(&cfg, &d, 3, err, sizeof err), 0);
+    assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 3), 0);
+    checkpoint_optimizer_file(file, sizeof file, folder, 1, 2);
+    safetensors_t st;
+    assert_int_equal(safetensors_open(&st, file, err, sizeof err), 0);
+    assert_int_equal(safetensors_find(&st, "exp_avg")->dtype, ST_BF16);
+    assert_int_equal(safetensors_find(&st, "exp_avg_sq")->dtype, ST_F32);
+    safetensors_close(&st);
+    full_state_t fs;
+    assert_int_equal(full_state_open(&fs, folder, &d, err, sizeof err), 0);
+    memset(m16b, 0xff, (size_t)n * sizeof(bf16_t));
+    assert_int_equal(full_state_read_moments(&fs, 0, n, NULL, m16b, v2, err, sizeof err), 0);
+    assert_memory_equal(m16, m16b, (size_t)n * sizeof(bf16_t));
+    assert_memory_equal(v, v2, (size_t)n * sizeof(float));
+    assert_int_equal(full_state_read_moments(&fs, 0, n, m2, NULL, v2, err, sizeof err), 0);
+    for (int64_t i = 0; i < n; i++) assert_true(m2[i] == bf16_to_f32(m16[i]));
+    full_state_close(&fs);
+    /* an fp32 m, read into bf16 */
+    for (int k = 0; k < 3; k++) write_shard(&cfg, &d, p, m, v, k, 3, 5, 6);
+    assert_int_equal(checkpoint_finish(&cfg, &d, 5, err, sizeof err), 0);
+    assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 5), 0);
+    assert_int_equal(full_state_open(&fs, folder, &d, err, sizeof err), 0);
+    int64_t lo, count;
+    zero_shard_range(n, 2, 1, &lo, &count);
+    assert_int_equal(full_state_read_moments(&fs, lo, count, NULL, m16b + lo, v2 + lo, err, sizeof err), 0);
+    assert_memory_equal(m16 + lo, m16b + lo, (size_t)count * sizeof(bf16_t));
+    full_state_close(&fs);
+    free(m16), free(m16b);
+    state_arrays_free(&a);
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -r %s", base);
     assert_int_equal(system(cmd), 0);
@@ -264,6 +340,7 @@ int main(void) {
         cmocka_unit_test(test_space_needed),
         cmocka_unit_test(test_write_and_read_back),
         cmocka_unit_test(test_full_state_in_shards),
+        cmocka_unit_test(test_full_state_moment_dtypes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -416,7 +416,7 @@ static void test_bf16_blocked_vs_naive(void **state) {
  * is the same to the bit as without them; each 8 × 32 tile's sum matches Σ C² over that tile in
  * double to 256 · 2⁻²⁴ ≈ 1.5e-5 relative (float sums of 256 positive terms; bound 2e-5); the
  * sums are the same bits on one and two threads; and gemm_bf16_sumsq's total over the tiles
- * matches Σ C² the same way. Shapes over the kernel's paths: A packed (K off 32), A in place,
+ * matches Σ C² the same way, of C's final values where it adds onto C. Shapes over the kernel's paths: A packed (K off 32), A in place,
  * several 512-deep slices (the sums from the last), a transposed A (the weight gradient's form),
  * and the GotoBLAS blocks (C too wide both ways). */
 static void test_bf16_blocked_sums_of_squares(void **state) {
@@ -429,7 +429,7 @@ static void test_bf16_blocked_sums_of_squares(void **state) {
         float C[32 * 32];
         bf16_t A16[32 * 32] = {0};
         double sq = -1.0;
-        assert_false(gemm_bf16_sumsq(g, false, false, 32, 32, 32, A16, 32, A16, 32, C, 32,
+        assert_false(gemm_bf16_sumsq(g, false, false, 32, 32, 32, A16, 32, A16, 32, C, 32, false,
                                      (float[4]){0}, 4, &sq));
         gemm_destroy(g);
         printf("tile sums of squares not tested: this CPU or build has no AVX512-BF16 dot products (or has AMX)\n");
@@ -472,17 +472,35 @@ static void test_bf16_blocked_sums_of_squares(void **state) {
             }
         CHECK_LE("bf16_blocked_gemm tile sums of squares vs double, worst rel", worst, 2e-5);
         double sq = -1.0;
-        assert_true(gemm_bf16_sumsq(g, ta, false, M, N, K, A16, lda, B16, ldb, C[0], ldc, sums[0], tiles, &sq));
+        assert_true(gemm_bf16_sumsq(g, ta, false, M, N, K, A16, lda, B16, ldb, C[0], ldc, false, sums[0], tiles, &sq));
         CHECK_LE("gemm_bf16_sumsq total vs double sum of C squared, rel", fabs(sq - total) / total, 2e-5);
         for (int64_t i = 0; i < M; i++)
             if (memcmp(C[0] + i * ldc, C[2] + i * ldc, (size_t)N * sizeof(float)))
                 fail_msg("%ldx%ldx%ld: gemm_bf16_sumsq's C differs from bf16_blocked_gemm's", (long)M, (long)N, (long)K);
+        /* Accumulating (a gradient's last micro-batch): the same product added onto C = AB stores
+         * 2AB, to the roundings of adding AB to each 512-deep slice's partial sum in turn (one
+         * slice: exactly 2AB; at most K/512 + 1 additions, each within 2^-24 of sums twice C's
+         * size, hence (K/512 + 2) · 2^-22), and its sums are of the stored values, 4 Σ C². */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) C[1][i * ldc + j] = 2.0f * C[2][i * ldc + j];
+        sq = -1.0;
+        assert_true(gemm_bf16_sumsq(g, ta, false, M, N, K, A16, lda, B16, ldb, C[0], ldc, true, sums[0], tiles, &sq));
+        CHECK_LE("gemm_bf16_sumsq accumulating: C vs 2AB", rel_err_2d(C[0], ldc, C[1], ldc, M, N),
+                 (double)(K / 512 + 2) * 0x1p-22);
+        if (K <= 512)
+            for (int64_t i = 0; i < M; i++)
+                if (memcmp(C[0] + i * ldc, C[1] + i * ldc, (size_t)N * sizeof(float)))
+                    fail_msg("%ldx%ldx%ld: gemm_bf16_sumsq accumulating in one slice: C is not 2AB", (long)M, (long)N,
+                             (long)K);
+        CHECK_LE("gemm_bf16_sumsq accumulating: total vs 4 x double sum of C squared, rel",
+                 fabs(sq - 4.0 * total) / (4.0 * total), 2e-5);
         /* Scratch one tile short: C alone, the sums untouched past what was given. */
         memset(C[1], 0, (size_t)(M * ldc) * sizeof(float));
         const float canary = -1.0f;
         sums[1][tiles - 1] = canary;
         sq = -1.0;
-        assert_false(gemm_bf16_sumsq(g, ta, false, M, N, K, A16, lda, B16, ldb, C[1], ldc, sums[1], tiles - 1, &sq));
+        assert_false(gemm_bf16_sumsq(g, ta, false, M, N, K, A16, lda, B16, ldb, C[1], ldc, false, sums[1], tiles - 1,
+                                     &sq));
         assert_true(sums[1][tiles - 1] == canary && sq == -1.0);
         for (int64_t i = 0; i < M; i++)
             if (memcmp(C[1] + i * ldc, C[2] + i * ldc, (size_t)N * sizeof(float)))
@@ -1514,6 +1532,39 @@ static void test_adamw_update(void **state) {
     free(p), free(m), free(v), free(g), free(pr), free(mr), free(vr), free(p16);
 }
 
+/* mu_dtype=bfloat16's update against the fp32 one from the same state: with m set to the
+ * widened bf16 moment before each step, both compute the same fp32 arithmetic, so p, v and the
+ * bf16 weight copy must agree to the bit, and the stored m16 must be the fp32 path's new m
+ * rounded to nearest even. Three steps over a length past two of the update's 2048-parameter
+ * blocks, and g untouched. */
+static void test_adamw_update_m16(void **state) {
+    (void)state;
+    test_rng_t rng = {62};
+    const int64_t n = 2 * 2048 + 901;
+    const adamw_hparams_t hp = {.lr = 1e-2f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    float *p = falloc(n), *m = falloc(n), *v = falloc(n), *g = falloc(n), *p2 = falloc(n), *v2 = falloc(n);
+    bf16_t *m16 = calloc((size_t)n, sizeof(bf16_t)), *p16 = malloc((size_t)n * sizeof(bf16_t)),
+           *p16b = malloc((size_t)n * sizeof(bf16_t));
+    fill_uniform(p, n, &rng, -1.0f, 1.0f);
+    fill_const(v, n, 0.0f);
+    memcpy(p2, p, (size_t)n * sizeof(float)), memcpy(v2, v, (size_t)n * sizeof(float));
+    for (int64_t step = 1; step <= 3; step++) {
+        fill_uniform(g, n, &rng, -2.0f, 2.0f);
+        for (int64_t i = 0; i < n; i++) m[i] = bf16_to_f32(m16[i]);
+        float *g_before = fdup(g, (size_t)n);
+        adamw_update(p, m, v, g, n, step, 0.5f, &hp, p16);
+        adamw_update_m16(p2, m16, v2, g, n, step, 0.5f, &hp, p16b);
+        assert_memory_equal(g, g_before, (size_t)n * sizeof(float));
+        free(g_before);
+        assert_memory_equal(p, p2, (size_t)n * sizeof(float));
+        assert_memory_equal(v, v2, (size_t)n * sizeof(float));
+        assert_memory_equal(p16, p16b, (size_t)n * sizeof(bf16_t));
+        for (int64_t i = 0; i < n; i++)
+            if (m16[i] != bf16_from_f32(m[i])) fail_msg("step %ld: m16[%ld] is not bf16(m)", (long)step, (long)i);
+    }
+    free(p), free(m), free(v), free(g), free(p2), free(v2), free(m16), free(p16), free(p16b);
+}
+
 /* Σ g² over 3 full blocks and a partial one against double: each float partial sums 1024
  * squares in 16 lanes of 64 (≤ 64·ε/2 ≈ 4e-6 relative, all terms positive), the partials
  * add in double. Bound 1e-5. */
@@ -1987,6 +2038,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm_rope_fused_bits),
         cmocka_unit_test(test_vf_exp_accuracy),
         cmocka_unit_test(test_adamw_update),
+        cmocka_unit_test(test_adamw_update_m16),
         cmocka_unit_test(test_adamw_sum_squares),
         cmocka_unit_test(test_adamw_clip_scale),
         {"test_attention_forward (micro-GEMM blocks)", test_attention_forward, NULL, NULL, NULL},

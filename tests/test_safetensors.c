@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "io/safetensors.h"
+#include "kernels/bf16.h"
 #include "util/memstat.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -101,7 +102,7 @@ static void test_roundtrip_with_metadata(void **state) {
     };
     const char *keys[] = {"format", "note"};
     const char *values[] = {"pt", "quotes \" and \\ and\ttabs"};
-    assert_int_equal(safetensors_write_f32(path, entries, 4, keys, values, 2, err, sizeof(err)), 0);
+    assert_int_equal(safetensors_write(path, entries, 4, keys, values, 2, err, sizeof(err)), 0);
     assert_int_equal(count_files(dir), 1); /* no temp file left behind */
 
     /* The header is padded to a multiple of 8 so the data section is 8-aligned. */
@@ -155,7 +156,7 @@ static void test_roundtrip_with_metadata(void **state) {
     safetensors_close(&st); /* idempotent */
 
     /* Overwriting an existing file replaces it. */
-    assert_int_equal(safetensors_write_f32(path, entries, 1, NULL, NULL, 0, err, sizeof(err)), 0);
+    assert_int_equal(safetensors_write(path, entries, 1, NULL, NULL, 0, err, sizeof(err)), 0);
     assert_int_equal(safetensors_open(&st, path, err, sizeof(err)), 0);
     assert_int_equal(st.num_tensors, 1);
     assert_int_equal(st.num_meta, 0);
@@ -172,26 +173,33 @@ static void test_write_errors(void **state) {
     };
     join(path, sizeof(path), dir, "dup.safetensors");
     err[0] = '\0';
-    assert_int_not_equal(safetensors_write_f32(path, dup, 2, NULL, NULL, 0, err, sizeof(err)), 0);
+    assert_int_not_equal(safetensors_write(path, dup, 2, NULL, NULL, 0, err, sizeof(err)), 0);
     assert_non_null(strstr(err, "tensor 'x' given twice"));
     assert_non_null(strstr(err, "dup.safetensors"));
 
     st_write_entry_t neg = {.name = "n", .ndim = 1, .shape = {-2}, .data = a};
-    assert_int_not_equal(safetensors_write_f32(path, &neg, 1, NULL, NULL, 0, err, sizeof(err)), 0);
+    assert_int_not_equal(safetensors_write(path, &neg, 1, NULL, NULL, 0, err, sizeof(err)), 0);
     assert_non_null(strstr(err, "negative"));
 
     st_write_entry_t meta_name = {.name = "__metadata__", .ndim = 1, .shape = {2}, .data = a};
-    assert_int_not_equal(safetensors_write_f32(path, &meta_name, 1, NULL, NULL, 0, err, sizeof(err)), 0);
+    assert_int_not_equal(safetensors_write(path, &meta_name, 1, NULL, NULL, 0, err, sizeof(err)), 0);
     assert_non_null(strstr(err, "__metadata__"));
 
     const char *keys[] = {"k", "k"}, *values[] = {"1", "2"};
-    assert_int_not_equal(safetensors_write_f32(path, dup, 1, keys, values, 2, err, sizeof(err)), 0);
+    assert_int_not_equal(safetensors_write(path, dup, 1, keys, values, 2, err, sizeof(err)), 0);
     assert_non_null(strstr(err, "metadata key 'k' given twice"));
+    assert_int_equal(count_files(dir), 0);
+
+    /* Only F32 and BF16 are written: another dtype is refused by name, nothing written. */
+    st_write_entry_t half = {.name = "h", .ndim = 1, .shape = {2}, .data = a, .dtype = ST_F16};
+    join(path, sizeof(path), dir, "half.safetensors");
+    assert_int_not_equal(safetensors_write(path, &half, 1, NULL, NULL, 0, err, sizeof(err)), 0);
+    assert_non_null(strstr(err, "tensor 'h': dtype F16 is not written (F32 or BF16 only)"));
     assert_int_equal(count_files(dir), 0);
 
     /* Unwritable destination: error names the file, and no temp file is left. */
     join(path, sizeof(path), dir, "no/such/dir/model.safetensors");
-    assert_int_not_equal(safetensors_write_f32(path, dup, 1, NULL, NULL, 0, err, sizeof(err)), 0);
+    assert_int_not_equal(safetensors_write(path, dup, 1, NULL, NULL, 0, err, sizeof(err)), 0);
     assert_non_null(strstr(err, "model.safetensors"));
     assert_non_null(strstr(err, "cannot create"));
 
@@ -201,10 +209,37 @@ static void test_write_errors(void **state) {
     char inner[4096];
     join(inner, sizeof(inner), path, "keep");
     assert_int_equal(mkdir(inner, 0755), 0); /* non-empty, so rename(2) refuses */
-    assert_int_not_equal(safetensors_write_f32(path, dup, 1, NULL, NULL, 0, err, sizeof(err)), 0);
+    assert_int_not_equal(safetensors_write(path, dup, 1, NULL, NULL, 0, err, sizeof(err)), 0);
     assert_non_null(strstr(err, "cannot rename"));
     assert_int_equal(count_files(dir), 1); /* only adir */
     rmdir(inner);
+}
+
+/* A BF16 tensor is written as its bit patterns, with its size in the offsets, beside an F32
+ * one (an odd count first, so the F32 data after it starts 2 bytes off a float), and both read
+ * back to the same values. */
+static void test_write_bf16_beside_f32(void **state) {
+    const char *dir = *state;
+    char path[4096], err[512];
+    join(path, sizeof(path), dir, "mixed.safetensors");
+    const bf16_t h[3] = {0x3F80, 0xC000, 0x3F01};
+    const float f[2] = {0.25f, -7.5f};
+    st_write_entry_t e[] = {{.name = "h", .ndim = 1, .shape = {3}, .data = h, .dtype = ST_BF16},
+                            {.name = "f", .ndim = 1, .shape = {2}, .data = f}};
+    assert_int_equal(safetensors_write(path, e, 2, NULL, NULL, 0, err, sizeof(err)), 0);
+    safetensors_t st;
+    assert_int_equal(safetensors_open(&st, path, err, sizeof(err)), 0);
+    const st_tensor_t *th = safetensors_find(&st, "h"), *tf = safetensors_find(&st, "f");
+    assert_int_equal(th->dtype, ST_BF16);
+    assert_int_equal(th->nbytes, 6);
+    assert_memory_equal(th->data, h, sizeof h);
+    assert_int_equal(tf->dtype, ST_F32);
+    float got[3];
+    assert_int_equal(safetensors_to_f32(tf, got), 0);
+    assert_memory_equal(got, f, sizeof f);
+    assert_int_equal(safetensors_to_f32(th, got), 0);
+    assert_true(got[0] == 1.0f && got[1] == -2.0f && got[2] == bf16_to_f32(0x3F01));
+    safetensors_close(&st);
 }
 
 /* BF16 is the top half of a float32: exact. */
@@ -404,7 +439,7 @@ static void test_unreadable_files(void **state) {
     join(path, sizeof(path), dir, "cut.safetensors");
     float a[4] = {1, 2, 3, 4};
     st_write_entry_t e = {.name = "a", .ndim = 1, .shape = {4}, .data = a};
-    assert_int_equal(safetensors_write_f32(path, &e, 1, NULL, NULL, 0, err, sizeof(err)), 0);
+    assert_int_equal(safetensors_write(path, &e, 1, NULL, NULL, 0, err, sizeof(err)), 0);
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
     assert_int_equal(truncate(path, sb.st_size - 4), 0);
@@ -639,7 +674,7 @@ static void test_load_hands_pages_back(void **state) {
     memset(a, 1, (size_t)n * sizeof(float)); /* touched now (not 0: malloc + memset 0 becomes calloc) */
     memset(b, 1, (size_t)n * sizeof(float));
     st_write_entry_t e = {.name = "w", .ndim = 1, .shape = {n}, .data = src};
-    assert_int_equal(safetensors_write_f32(path, &e, 1, NULL, NULL, 0, err, sizeof err), 0);
+    assert_int_equal(safetensors_write(path, &e, 1, NULL, NULL, 0, err, sizeof err), 0);
     safetensors_t st;
     assert_int_equal(safetensors_open(&st, path, err, sizeof err), 0);
     const st_tensor_t *t = safetensors_find(&st, "w");
@@ -665,6 +700,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip_with_metadata, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_write_errors, tmpdir_setup, tmpdir_teardown),
+        cmocka_unit_test_setup_teardown(test_write_bf16_beside_f32, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_bf16_conversion, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_f16_conversion, tmpdir_setup, tmpdir_teardown),
         cmocka_unit_test_setup_teardown(test_f64_and_integers, tmpdir_setup, tmpdir_teardown),

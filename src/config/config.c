@@ -700,6 +700,12 @@ void config_print_help(FILE *out) {
     }
 }
 
+dtype_t config_mu_dtype(const config_t *cfg) {
+    if (!strcmp(cfg->mu_dtype, "bfloat16") || !strcmp(cfg->mu_dtype, "bf16")) return DTYPE_BFLOAT16;
+    if (!strcmp(cfg->mu_dtype, "float32") || !strcmp(cfg->mu_dtype, "fp32")) return DTYPE_FLOAT32;
+    return cfg->weight_dtype;
+}
+
 const char *dtype_name(dtype_t d) {
     switch (d) {
     case DTYPE_FLOAT32: return "float32";

@@ -40,6 +40,7 @@ typedef struct config {
     bool logits_via_embedding; /* true: LM head tied to the token embedding */
     dtype_t dtype;             /* compute dtype of the matmuls */
     dtype_t weight_dtype;      /* master weights and optimizer state */
+    char mu_dtype[CONFIG_STR_MAX]; /* AdamW's m: "" (weight_dtype's), "float32"/"fp32", "bfloat16"/"bf16" */
     int64_t init_weights_seed;
     /* optimizer */
     double learning_rate;
@@ -99,5 +100,8 @@ void config_print(const config_t *cfg, FILE *out);
 void config_print_help(FILE *out);
 
 const char *dtype_name(dtype_t d);
+
+/* The dtype AdamW's first moment is held in: mu_dtype, or weight_dtype where it is empty. */
+dtype_t config_mu_dtype(const config_t *cfg);
 
 #endif

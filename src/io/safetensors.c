@@ -657,8 +657,13 @@ static int build_header(strbuf_t *h, const st_write_entry_t *entries, size_t n,
                 return -1;
             }
         }
+        if (e->dtype != ST_F32 && e->dtype != ST_BF16) {
+            set_err(err, errlen, path, "tensor '%s': dtype %s is not written (F32 or BF16 only)", e->name,
+                    st_dtype_name(e->dtype));
+            return -1;
+        }
         uint64_t nbytes;
-        if (__builtin_mul_overflow(numel, (uint64_t)4, &nbytes) ||
+        if (__builtin_mul_overflow(numel, (uint64_t)st_dtype_size(e->dtype), &nbytes) ||
             __builtin_add_overflow(offset, nbytes, &offset) || offset > (uint64_t)ST_MAX_JSON_INT) {
             set_err(err, errlen, path, "tensor '%s': total data size overflows", e->name);
             return -1;
@@ -670,7 +675,7 @@ static int build_header(strbuf_t *h, const st_write_entry_t *entries, size_t n,
         if (!first) sb_put(h, ",", 1);
         first = 0;
         sb_json_string(h, e->name);
-        SB_LIT(h, ":{\"dtype\":\"F32\",\"shape\":[");
+        sb_printf(h, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(e->dtype));
         for (int d = 0; d < e->ndim; d++) sb_printf(h, d ? ",%" PRId64 : "%" PRId64, e->shape[d]);
         sb_printf(h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", offset - nbytes, offset);
     }
@@ -718,13 +723,13 @@ static int write_body(FILE *f, void *ctx, char *err, size_t errlen) {
     for (size_t i = 0; ok && i < b->n; i++) {
         size_t numel = 1;
         for (int d = 0; d < b->entries[i].ndim; d++) numel *= (size_t)b->entries[i].shape[d];
-        if (numel) ok = atomic_file_write_through(f, b->entries[i].data, numel * sizeof(float)) == 0;
+        if (numel) ok = atomic_file_write_through(f, b->entries[i].data, numel * st_dtype_size(b->entries[i].dtype)) == 0;
     }
     if (!ok && err && errlen) snprintf(err, errlen, "write failed: %s", strerror(errno));
     return ok ? 0 : -1;
 }
 
-int safetensors_write_f32(const char *path, const st_write_entry_t *entries, size_t n,
+int safetensors_write(const char *path, const st_write_entry_t *entries, size_t n,
                           const char *const *meta_keys, const char *const *meta_values,
                           size_t num_meta, char *err, size_t errlen) {
     if (!path || (n > 0 && !entries)) {

@@ -60,11 +60,13 @@ typedef struct st_write_entry {
     const char *name;
     int ndim;
     int64_t shape[ST_MAX_DIMS];
-    const float *data;  /* written as F32 */
+    const void *data;   /* numel values of dtype, written as they are */
+    st_dtype_t dtype;   /* ST_F32 (the zero value: floats) or ST_BF16 (bf16_t bit patterns) */
 } st_write_entry_t;
 
-/* Write F32 tensors (and optional string metadata) atomically. Non-zero with err on failure. */
-int safetensors_write_f32(const char *path, const st_write_entry_t *entries, size_t n,
+/* Write F32 and BF16 tensors (and optional string metadata) atomically. Non-zero with err on
+ * failure (another dtype among them included). */
+int safetensors_write(const char *path, const st_write_entry_t *entries, size_t n,
                           const char *const *meta_keys, const char *const *meta_values,
                           size_t num_meta, char *err, size_t errlen);
 

@@ -32,4 +32,10 @@ float adamw_clip_scale(double raw_norm, double clip);
 void adamw_update(float *p, float *m, float *v, const float *g, int64_t n, int64_t step,
                   float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16);
 
+/* The same with m held in bfloat16 (mu_dtype=bfloat16, as optax's adamw(mu_dtype=...)): m is
+ * widened, updated in fp32, used in fp32 for this step's update, and stored rounded to nearest
+ * even; v stays fp32. It moves 26 bytes a parameter with p_bf16 where adamw_update moves 30. */
+void adamw_update_m16(float *p, bf16_t *m, float *v, const float *g, int64_t n, int64_t step,
+                      float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16);
+
 #endif

@@ -84,8 +84,9 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate);
 
-/* gemm_bf16 with accumulate false that also gives Σ C² over the C it writes, for a gradient
- * norm without a pass over the gradient: where the products run on our blocked kernel's
+/* gemm_bf16 that also gives Σ C² over the C it writes (with accumulate, of C's final values:
+ * the last of several passes that add into a gradient), for a gradient norm without a pass over
+ * the gradient: where the products run on our blocked kernel's
  * AVX512-BF16 tiles, each 8 × 32 tile's squares are summed from the registers it is stored from
  * (bf16_blocked_gemm) and the tiles then in row-major tile order in double, so the thread count
  * changes no bit; returns true and sets *sumsq. Elsewhere (AMX, the libraries, shapes our kernel
@@ -95,7 +96,7 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
 int64_t gemm_sumsq_floats(int64_t M, int64_t N);
 bool gemm_bf16_sumsq(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                      const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc,
-                     float *tile_sums, int64_t tile_sums_floats, double *sumsq);
+                     bool accumulate, float *tile_sums, int64_t tile_sums_floats, double *sumsq);
 
 /* Where gemm_bf16's products run, for the console; and whether our blocked kernel takes those
  * it can (GEMM_LIB_AUTO on a CPU with AMX or AVX512-BF16). */

@@ -572,13 +572,13 @@ int64_t gemm_sumsq_floats(int64_t M, int64_t N) { return (M / DPBF16_TILE_ROWS) 
 
 bool gemm_bf16_sumsq(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                      const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc,
-                     float *tile_sums, int64_t tile_sums_floats, double *sumsq) {
+                     bool accumulate, float *tile_sums, int64_t tile_sums_floats, double *sumsq) {
     if (!(blocked_takes(g, M, N, K) && bf16_blocked_sums_squares() && K > 0 &&
           gemm_sumsq_floats(M, N) <= tile_sums_floats)) {
-        gemm_bf16(g, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, false);
+        gemm_bf16(g, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
         return false;
     }
-    run_blocked(g, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, false, tile_sums);
+    run_blocked(g, trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, tile_sums);
     double sum = 0.0;
     for (int64_t i = 0, n = gemm_sumsq_floats(M, N); i < n; i++) sum += tile_sums[i];
     *sumsq = sum;

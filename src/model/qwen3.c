@@ -255,6 +255,7 @@ struct qwen3_model {
     op_names_t names;
     const int32_t *tokens;
     bool grads_accumulate; /* a micro-batch after the first: weight gradients add (+=) */
+    bool grads_final;      /* the step's last micro-batch: the weight gradients written are final */
     grad_sumsq_t sumsq;    /* opt.grad_sumsq: the weight gradients' sums of squares this backward */
     /* Row strides (qwen3_padded_width, or dense): of the D-wide activations (the residual
      * stream, x2, ln, dres, dln), of attn and dattn, of h, of qkv and dqkv, of gate_up and
@@ -482,15 +483,17 @@ static void linear_fwd(qwen3_model_t *m, int op, float *y, int64_t ld_y, const f
 }
 
 /* bf16 runs: linear_bwd with x already in s.in16 and dy in s.dy16. With opt.grad_sumsq the
- * weight gradient's product sums its squares where it can, for the gradient norm. */
+ * weight gradient's product sums its squares where it can, for the gradient norm: in the last
+ * micro-batch, whose product adds onto the earlier ones' and so stores final values. */
 static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *W, int64_t T,
                           int64_t out, int64_t in) {
     double sumsq = 0.0;
     bool summed = false;
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T), {
-        if (m->opt.grad_sumsq)
+        if (m->opt.grad_sumsq && m->grads_final)
             summed = gemm_bf16_sumsq(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16,
-                                     ld16(m, in), dW, in, m->s.tile_sums, m->s.tile_sums_floats, &sumsq);
+                                     ld16(m, in), dW, in, m->grads_accumulate, m->s.tile_sums,
+                                     m->s.tile_sums_floats, &sumsq);
         else
             gemm_bf16(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16, ld16(m, in), dW, in,
                       m->grads_accumulate);
@@ -815,6 +818,7 @@ double qwen3_forward_backward_micro(qwen3_model_t *m, const int32_t *tokens, int
     const qwen3_dims_t *d = &m->d;
     const bool last = micro == micros - 1;
     m->grads_accumulate = micro > 0;
+    m->grads_final = last;
     if (micro == 0) grad_sumsq_clear(&m->sumsq);
     double loss = forward(m, tokens, true);
     /* The embedding comes first in the buffer and the head last; a tied head is the embedding. */
@@ -831,7 +835,7 @@ double qwen3_forward_backward_micro(qwen3_model_t *m, const int32_t *tokens, int
     }
     SPAN(m, m->names.bwd[OP_EMBED], 0, embed_backward(m->dw.embed, m->s.dres, m->ld_d, tokens, d->S + 1, d->B, d->S, d->D));
     if (last) grads_ready(m, m->dw.embed, m->dw.embed + d->V * d->D);
-    m->grads_accumulate = false;
+    m->grads_accumulate = m->grads_final = false;
     trace_end(m->trace, 0, m->names.backward, span, 0);
     return loss;
 }

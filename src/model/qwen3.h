@@ -169,7 +169,7 @@ double qwen3_forward_backward(qwen3_model_t *m, const int32_t *tokens);
 /* The same for micro-batch `micro` of `micros` (gradient accumulation): micro 0 as above; the
  * others add every gradient onto the earlier ones' (so the buffer ends with the sum of the
  * micro-batches' mean-loss gradients); opt.grads_ready hears of final gradients in the last
- * one only. opt.grad_sumsq needs micros == 1. */
+ * one only, and with opt.grad_sumsq its weight-gradient products take their sums of squares. */
 double qwen3_forward_backward_micro(qwen3_model_t *m, const int32_t *tokens, int64_t micro, int64_t micros);
 
 /* Σ g² over the whole gradient buffer after qwen3_forward_backward, for the gradient norm: with

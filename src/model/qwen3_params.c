@@ -210,7 +210,7 @@ int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char 
             e[i].shape[0] = t[i].rows;
             e[i].shape[1] = t[i].cols;
         }
-        rc = safetensors_write_f32(path, e, (size_t)n, NULL, NULL, 0, err, errlen);
+        rc = safetensors_write(path, e, (size_t)n, NULL, NULL, 0, err, errlen);
     }
     free(t);
     free(e);

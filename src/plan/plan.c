@@ -103,18 +103,32 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->shard_params = zero_shard_floats(p->num_params, p->shard_ranks);
     uint64_t shard = (uint64_t)p->shard_params;
     p->grads_bytes = n * f + (p->shard_ranks > 1 ? shard * f : 0);
-    p->optimizer_bytes = 2 * shard * f + (uint64_t)adamw_norm_partials(p->shard_params) * sizeof(double);
+    p->mu_bf16 = config_mu_dtype(cfg) == DTYPE_BFLOAT16;
+    p->optimizer_bytes = plan_optimizer_layout(p->shard_params, p->mu_bf16).bytes;
     p->activations_bytes = (uint64_t)qwen3_saved_activation_floats(d, p->remat) * f;
     p->scratch_bytes = (uint64_t)qwen3_scratch_floats(d, num_threads, p->xent_chunk, p->bf16, p->remat) * f;
     p->params_bf16_bytes = p->bf16 ? n * sizeof(bf16_t) : 0;
-    p->total_bytes = p->params_bytes + p->params_bf16_bytes + p->grads_bytes + p->optimizer_bytes +
+    p->arena_bytes = p->params_bytes + p->params_bf16_bytes + p->grads_bytes + p->optimizer_bytes +
                      p->activations_bytes + p->scratch_bytes;
+    uint64_t window_bytes = (uint64_t)(d->S + 1) * sizeof(int32_t), depth = (uint64_t)cfg->prefetch_depth;
+    p->data_bytes = depth * (uint64_t)(d->B * p->micro_batches) * window_bytes +
+                    (cfg->eval_interval > 0 ? depth * (uint64_t)d->B * window_bytes : 0);
+    p->total_bytes = p->arena_bytes + p->data_bytes;
     return 0;
+}
+
+plan_optimizer_layout_t plan_optimizer_layout(int64_t shard_params, bool mu_bf16) {
+    const uint64_t n = (uint64_t)shard_params, line = 64;
+    plan_optimizer_layout_t o;
+    o.m_offset = (n * sizeof(float) + line - 1) / line * line;
+    o.partials_offset = o.m_offset + ((n * (mu_bf16 ? sizeof(bf16_t) : sizeof(float)) + line - 1) / line * line);
+    o.bytes = o.partials_offset + (uint64_t)adamw_norm_partials(shard_params) * sizeof(double);
+    return o;
 }
 
 uint64_t plan_memory_available(const plan_t *p, const config_t *cfg) {
     if (cfg->memory_limit_gib > 0) return (uint64_t)(cfg->memory_limit_gib * 1073741824.0);
-    /* Leave room for the system, the libraries and the data ring: 90% of physical memory. */
+    /* Leave room for the system and the libraries: 90% of physical memory. */
     return memstat_physical_bytes() / 10 * 9 / (uint64_t)(p->ranks_per_host > 1 ? p->ranks_per_host : 1);
 }
 
@@ -168,7 +182,11 @@ void plan_print(const plan_t *p, FILE *out) {
     fprintf(out, "compute_threads: %d\n", p->num_threads);
     static const char *const remat_names[] = {"none", "minimal", "full"};
     fprintf(out, "remat_policy: %s\n", remat_names[p->remat]);
-    fprintf(out, "dtype: %s\n", p->bf16 ? "bfloat16 (matmul inputs; fp32 master weights, gradients, optimizer)" : "float32");
+    fprintf(out, "dtype: %s\n", !p->bf16     ? "float32"
+                                : p->mu_bf16 ? "bfloat16 (matmul inputs; fp32 master weights, gradients, AdamW's v)"
+                                             : "bfloat16 (matmul inputs; fp32 master weights, gradients, optimizer)");
+    fprintf(out, "mu_dtype: %s\n", p->mu_bf16 ? "bfloat16 (AdamW's first moment, updated in fp32 and stored rounded)"
+                                                : "float32 (AdamW's first moment)");
     fprintf(out, "xent_chunk_tokens: %lld\n", (long long)p->xent_chunk);
     fprintf(out, "memory_parameters_bytes: %llu\n", (unsigned long long)p->params_bytes);
     fprintf(out, "memory_bf16_weights_bytes: %llu\n", (unsigned long long)p->params_bf16_bytes);
@@ -176,6 +194,7 @@ void plan_print(const plan_t *p, FILE *out) {
     fprintf(out, "memory_optimizer_state_bytes: %llu\n", (unsigned long long)p->optimizer_bytes);
     fprintf(out, "memory_saved_activations_bytes: %llu\n", (unsigned long long)p->activations_bytes);
     fprintf(out, "memory_scratch_bytes: %llu\n", (unsigned long long)p->scratch_bytes);
+    fprintf(out, "memory_data_ring_bytes: %llu\n", (unsigned long long)p->data_bytes);
     fprintf(out, "memory_total_bytes: %llu\n", (unsigned long long)p->total_bytes);
     fprintf(out, "memory_total_gib: %.3f\n", (double)p->total_bytes / 1073741824.0);
 }

@@ -29,10 +29,24 @@ typedef struct plan {
     double tflops_per_device;  /* per step: MaxText's calculate_tflops_training_per_device (of the
                                   B·S of one pass) × micro_batches */
     /* memory plan, bytes per rank. grads: the full local gradients, plus this rank's reduced
-     * shard when the state is sharded; optimizer: AdamW m and v of the shard (ZeRO-1). */
+     * shard when the state is sharded; optimizer: AdamW m and v of the shard (ZeRO-1), laid out
+     * as plan_optimizer_layout says. */
     uint64_t params_bytes, grads_bytes, optimizer_bytes, activations_bytes, scratch_bytes, total_bytes;
     uint64_t params_bf16_bytes; /* the matmuls' bf16 copy of the weights; 0 in fp32 runs */
+    bool mu_bf16;               /* mu_dtype: AdamW's m held in bf16 (optimizer_bytes counts it so) */
+    /* The data threads' rings (data/data.h), outside the arena: prefetch_depth batches of token
+     * ids, B·micro_batches rows of S + 1, and B rows for evaluation where it runs. */
+    uint64_t data_bytes;
+    uint64_t arena_bytes; /* total_bytes less data_bytes: what the set-up allocates and touches */
 } plan_t;
+
+/* The optimizer allocation, in bytes from its start: v (floats), then m (floats, or bf16 with
+ * mu_bf16; padded to a 64-byte line), then the norm's partial sums (doubles), for a shard of
+ * shard_params. */
+typedef struct plan_optimizer_layout {
+    uint64_t m_offset, partials_offset, bytes;
+} plan_optimizer_layout_t;
+plan_optimizer_layout_t plan_optimizer_layout(int64_t shard_params, bool mu_bf16);
 
 /* The dims a config describes (per-device batch). */
 qwen3_dims_t plan_dims(const config_t *cfg);

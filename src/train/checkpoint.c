@@ -195,9 +195,12 @@ static int write_optimizer_shard(const char *folder, const qwen3_dims_t *d, cons
     snprintf(v_layout, sizeof v_layout, "%016llx", (unsigned long long)qwen3_layout_hash(d));
     const char *keys[] = {"format", "step", "updates_done", "num_params", "shard_lo", "shard_count", "param_layout"};
     const char *values[] = {CHECKPOINT_OPTIMIZER_FORMAT, v_step, v_updates, v_n, v_lo, v_count, v_layout};
-    st_write_entry_t e[2] = {{.name = "exp_avg", .ndim = 1, .shape = {sh->count}, .data = sh->m},
-                             {.name = "exp_avg_sq", .ndim = 1, .shape = {sh->count}, .data = sh->v}};
-    if (safetensors_write_f32(path, e, 2, keys, values, sizeof keys / sizeof *keys, err, errlen) != 0) return -1;
+    /* v first: a bf16 m after it leaves every tensor's data aligned to its element size. */
+    st_write_entry_t e[2] = {{.name = "exp_avg_sq", .ndim = 1, .shape = {sh->count}, .data = sh->v},
+                             {.name = "exp_avg", .ndim = 1, .shape = {sh->count}, .data = sh->m16 ? (const void *)sh->m16
+                                                                                                   : (const void *)sh->m,
+                              .dtype = sh->m16 ? ST_BF16 : ST_F32}};
+    if (safetensors_write(path, e, 2, keys, values, sizeof keys / sizeof *keys, err, errlen) != 0) return -1;
     *bytes += file_size(path);
     return 0;
 }

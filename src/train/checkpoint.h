@@ -62,9 +62,11 @@ int checkpoint_check_space(const config_t *cfg, const qwen3_dims_t *d, int64_t f
 int checkpoint_parameters_file(const char *path, char *out, size_t n, char *err, size_t errlen);
 
 /* This rank's part of AdamW's state: the moments m and v of parameters [lo, lo + count) of
- * num_params, shard `index` of `shards`, after `updates_done` updates. */
+ * num_params, shard `index` of `shards`, after `updates_done` updates. m is fp32, or bf16 in m16
+ * (mu_dtype=bfloat16, then m is NULL), and is written in the dtype it is held in. */
 typedef struct checkpoint_optimizer_shard {
     const float *m, *v;
+    const bf16_t *m16;
     int64_t lo, count, num_params, updates_done;
     int index, shards;
 } checkpoint_optimizer_shard_t;

@@ -365,32 +365,6 @@ static void pause_end(const pause_t *p, cpustat_t *window_start) {
     if (p->read && cpustat_read(&end)) cpustat_leave_out(window_start, &p->start, &end);
 }
 
-/* load_full_state_path, checked from its files' headers before anything is created or set up:
- * the run goes on from the step after its checkpoint, so there must be steps left, and the
- * profiler's window (skip_first_n_steps_for_profiler counts from the run's first step, as in
- * MaxText) must open before the last. */
-static int resume_point(const config_t *cfg, const plan_t *plan, int64_t *first_step, char *err, size_t errlen) {
-    full_state_t fs;
-    if (full_state_open(&fs, cfg->load_full_state_path, &plan->dims, err, errlen) != 0) return -1;
-    int64_t step = fs.step;
-    full_state_close(&fs);
-    if (step + 1 >= cfg->steps) {
-        snprintf(err, errlen, "load_full_state_path=%s holds the state after step %lld, and steps=%lld ends the run "
-                 "there (steps counts from step 0, as in MaxText); set steps above %lld", cfg->load_full_state_path,
-                 (long long)step, (long long)cfg->steps, (long long)(step + 1));
-        return -1;
-    }
-    if (strcmp(cfg->profiler, "xplane") == 0 && step + 1 + cfg->skip_first_n_steps_for_profiler >= cfg->steps) {
-        snprintf(err, errlen, "skip_first_n_steps_for_profiler=%lld: the run resumes at step %lld (load_full_state_path) "
-                 "and ends before step %lld, so the profiler's window would open past its last step; lower it, raise "
-                 "steps, or set profiler=\"\"", (long long)cfg->skip_first_n_steps_for_profiler, (long long)(step + 1),
-                 (long long)cfg->steps);
-        return -1;
-    }
-    *first_step = step + 1;
-    return 0;
-}
-
 int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     int64_t run_start_ns = now_ns();
     loop_t l = {.cfg = cfg, .plan = plan, .world = world, .rank = comm_rank(world), .started = -1, .completed = -1,
@@ -408,7 +382,8 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     comm_bcast_i64(world, &start, 1, 0);
     l.start_time = (time_t)start;
     l.checkpoint_writer = l.rank < plan->shard_ranks; /* the first shard group (dist/zero.h) */
-    if (cfg->load_full_state_path[0] && resume_point(cfg, plan, &l.first_step, err, errlen) != 0) rc = LOOP_FAILED;
+    if (cfg->load_full_state_path[0] && full_state_first_step(cfg, &plan->dims, &l.first_step, err, errlen) != 0)
+        rc = LOOP_FAILED;
     const int64_t run_steps = cfg->steps - l.first_step;
     report_t *report = NULL;
     profile_files_t pf = {0};
@@ -530,7 +505,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             pause_t pause = pause_begin(load_from_step1);
             const train_state_t *st = &l.state;
             const checkpoint_optimizer_shard_t shard = {
-                .m = st->adam_m, .v = st->adam_v, .lo = st->shard_lo, .count = st->shard_n,
+                .m = st->adam_m, .m16 = st->adam_m16, .v = st->adam_v, .lo = st->shard_lo, .count = st->shard_n,
                 .num_params = plan->num_params, .updates_done = st->updates_done,
                 .index = comm_rank(l.shard), .shards = plan->shard_ranks};
             bool ok = finishing ? checkpoint_finish(cfg, &plan->dims, step, ck_err, sizeof ck_err) == 0

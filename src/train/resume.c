@@ -79,12 +79,13 @@ static int check_shard(const safetensors_t *st, const char *file, shard_meta_t *
                  "is missing or not valid; the file is damaged", file);
         return -1;
     }
-    static const char *const names[] = {"exp_avg", "exp_avg_sq"};
+    /* exp_avg is held in the writer's mu_dtype (F32 or BF16), exp_avg_sq in F32. */
+    static const char *const names[] = {"exp_avg", "exp_avg_sq"}, *const dtypes[] = {"an F32 or BF16", "an F32"};
     for (int i = 0; i < 2; i++) {
         const st_tensor_t *t = safetensors_find(st, names[i]);
-        if (!t || t->dtype != ST_F32 || t->ndim != 1 || t->numel != m->count) {
-            snprintf(err, errlen, "%s: needs an F32 tensor %s of shape [%lld] (its shard_count); the file is damaged",
-                     file, names[i], (long long)m->count);
+        if (!t || !(t->dtype == ST_F32 || (i == 0 && t->dtype == ST_BF16)) || t->ndim != 1 || t->numel != m->count) {
+            snprintf(err, errlen, "%s: needs %s tensor %s of shape [%lld] (its shard_count); the file is damaged",
+                     file, dtypes[i], names[i], (long long)m->count);
             return -1;
         }
     }
@@ -194,40 +195,64 @@ int full_state_open(full_state_t *fs, const char *path, const qwen3_dims_t *d, c
     return 0;
 }
 
-/* floats [from, from + count) of tensor t of file st, read with pread into dst. */
-static int read_floats(const safetensors_t *st, const st_tensor_t *t, int64_t from, int64_t count, float *dst,
-                       char *err, size_t errlen) {
+/* bytes [at, at + len) of the open file st (fd), read with pread into dst. */
+static int read_bytes(const safetensors_t *st, int fd, off_t at, size_t len, void *dst, char *err, size_t errlen) {
+    char *out = dst;
+    while (len > 0) {
+        ssize_t got = pread(fd, out, len, at);
+        if (got <= 0) {
+            snprintf(err, errlen, "cannot read %s: %s", st->path, got < 0 ? strerror(errno) : "it is shorter than its header says");
+            return -1;
+        }
+        out += got, at += got, len -= (size_t)got;
+    }
+    return 0;
+}
+
+/* Values [from, from + count) of tensor t (F32 or BF16, as checked) of file st, into dst32
+ * (floats) or dst16 (bf16; the other NULL): read as they are where the dtypes agree, else in
+ * pieces, widened or rounded to nearest even (a checkpoint of another mu_dtype). */
+static int read_values(const safetensors_t *st, const st_tensor_t *t, int64_t from, int64_t count, float *dst32,
+                       bf16_t *dst16, char *err, size_t errlen) {
     int fd = open(st->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         snprintf(err, errlen, "cannot read %s: %s", st->path, strerror(errno));
         return -1;
     }
-    off_t at = (off_t)((const char *)t->data - (const char *)st->map) + (off_t)from * (off_t)sizeof(float);
-    size_t left = (size_t)count * sizeof(float);
-    char *out = (char *)dst;
-    while (left > 0) {
-        ssize_t got = pread(fd, out, left, at);
-        if (got <= 0) {
-            snprintf(err, errlen, "cannot read %s: %s", st->path, got < 0 ? strerror(errno) : "it is shorter than its header says");
-            close(fd);
-            return -1;
+    const size_t esize = st_dtype_size(t->dtype);
+    const off_t base = (off_t)((const char *)t->data - (const char *)st->map) + (off_t)from * (off_t)esize;
+    int rc = 0;
+    if ((t->dtype == ST_F32) == (dst32 != NULL)) {
+        rc = read_bytes(st, fd, base, (size_t)count * esize, dst32 ? (void *)dst32 : (void *)dst16, err, errlen);
+    } else {
+        enum { PIECE = 1 << 16 };
+        float *piece = malloc(PIECE * sizeof(float));
+        if (!piece) {
+            snprintf(err, errlen, "out of memory reading %s", st->path);
+            rc = -1;
         }
-        out += got, at += got, left -= (size_t)got;
+        for (int64_t i = 0; rc == 0 && i < count; i += PIECE) {
+            const int64_t n = count - i < PIECE ? count - i : PIECE;
+            rc = read_bytes(st, fd, base + (off_t)i * (off_t)esize, (size_t)n * esize, piece, err, errlen);
+            if (rc == 0 && dst16) bf16_from_f32_block(dst16 + i, piece, n);
+            for (int64_t j = 0; rc == 0 && dst32 && j < n; j++) dst32[i + j] = bf16_to_f32(((const bf16_t *)piece)[j]);
+        }
+        free(piece);
     }
     close(fd);
-    return 0;
+    return rc;
 }
 
-int full_state_read_moments(const full_state_t *fs, int64_t lo, int64_t count, float *m, float *v, char *err,
-                            size_t errlen) {
+int full_state_read_moments(const full_state_t *fs, int64_t lo, int64_t count, float *m, bf16_t *m16, float *v,
+                            char *err, size_t errlen) {
     for (int k = 0; k < fs->shards && count > 0; k++) {
         const safetensors_t *st = &fs->files[k];
         const st_tensor_t *tm = safetensors_find(st, "exp_avg"), *tv = safetensors_find(st, "exp_avg_sq");
         const int64_t file_lo = fs->shard_lo[k], file_count = tm->numel;
         int64_t a = lo > file_lo ? lo : file_lo, b = lo + count < file_lo + file_count ? lo + count : file_lo + file_count;
         if (a >= b) continue;
-        if (read_floats(st, tm, a - file_lo, b - a, m + (a - lo), err, errlen) != 0 ||
-            read_floats(st, tv, a - file_lo, b - a, v + (a - lo), err, errlen) != 0)
+        if (read_values(st, tm, a - file_lo, b - a, m ? m + (a - lo) : NULL, m ? NULL : m16 + (a - lo), err, errlen) != 0 ||
+            read_values(st, tv, a - file_lo, b - a, v + (a - lo), NULL, err, errlen) != 0)
             return -1;
     }
     return 0;
@@ -239,4 +264,29 @@ void full_state_close(full_state_t *fs) {
     free(fs->files);
     free(fs->shard_lo);
     memset(fs, 0, sizeof *fs);
+}
+
+/* See resume.h: the run goes on from the step after its checkpoint, so there must be steps left, and the
+ * profiler's window (skip_first_n_steps_for_profiler counts from the run's first step, as in
+ * MaxText) must open before the last. */
+int full_state_first_step(const config_t *cfg, const qwen3_dims_t *d, int64_t *first_step, char *err, size_t errlen) {
+    full_state_t fs;
+    if (full_state_open(&fs, cfg->load_full_state_path, d, err, errlen) != 0) return -1;
+    int64_t step = fs.step;
+    full_state_close(&fs);
+    if (step + 1 >= cfg->steps) {
+        snprintf(err, errlen, "load_full_state_path=%s holds the state after step %lld, and steps=%lld ends the run "
+                 "there (steps counts from step 0, as in MaxText); set steps above %lld", cfg->load_full_state_path,
+                 (long long)step, (long long)cfg->steps, (long long)(step + 1));
+        return -1;
+    }
+    if (strcmp(cfg->profiler, "xplane") == 0 && step + 1 + cfg->skip_first_n_steps_for_profiler >= cfg->steps) {
+        snprintf(err, errlen, "skip_first_n_steps_for_profiler=%lld: the run resumes at step %lld (load_full_state_path) "
+                 "and ends before step %lld, so the profiler's window would open past its last step; lower it, raise "
+                 "steps, or set profiler=\"\"", (long long)cfg->skip_first_n_steps_for_profiler, (long long)(step + 1),
+                 (long long)cfg->steps);
+        return -1;
+    }
+    *first_step = step + 1;
+    return 0;
 }

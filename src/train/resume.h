@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config/config.h"
 #include "io/safetensors.h"
 #include "model/qwen3.h"
 
@@ -28,9 +29,16 @@ typedef struct full_state {
  * shapes too, from model.safetensors' header). 0, or -1 with one line in err that names what is
  * wrong and what to do (nothing left open). */
 int full_state_open(full_state_t *fs, const char *path, const qwen3_dims_t *d, char *err, size_t errlen);
-/* m and v of parameters [lo, lo + count). 0, or -1 with one line in err. */
-int full_state_read_moments(const full_state_t *fs, int64_t lo, int64_t count, float *m, float *v, char *err,
-                            size_t errlen);
+/* m and v of parameters [lo, lo + count): m into m (fp32) or, where m is NULL, m16 (bf16,
+ * mu_dtype=bfloat16), whichever dtype the checkpoint holds it in (widened, or rounded to nearest
+ * even). 0, or -1 with one line in err. */
+int full_state_read_moments(const full_state_t *fs, int64_t lo, int64_t count, float *m, bf16_t *m16, float *v,
+                            char *err, size_t errlen);
 void full_state_close(full_state_t *fs);
+/* The first step of a run that resumes from cfg->load_full_state_path (the checkpoint's step + 1),
+ * checked as the run and its dry run both check it: the checkpoint opens for a model of shape d,
+ * steps are left after it, and the profiler's window opens before the last. 0, or -1 with one
+ * line in err. */
+int full_state_first_step(const config_t *cfg, const qwen3_dims_t *d, int64_t *first_step, char *err, size_t errlen);
 
 #endif

@@ -22,7 +22,7 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     const int64_t t_alloc = trace_now_ns();
     if (!(s->params = alloc_floats(plan->params_bytes, "parameters", err, errlen)) ||
         !(s->grads = alloc_floats(plan->grads_bytes, "gradients", err, errlen)) ||
-        !(s->adam_m = alloc_floats(plan->optimizer_bytes, "optimizer state", err, errlen)) ||
+        !(s->adam_state = arena_alloc((size_t)plan->optimizer_bytes, "optimizer state", err, errlen)) ||
         !(s->acts = alloc_floats(plan->activations_bytes, "saved activations", err, errlen)) ||
         !(s->scratch = alloc_floats(plan->scratch_bytes, "scratch", err, errlen)) ||
         (plan->bf16 && !(s->params_bf16 = arena_alloc((size_t)plan->params_bf16_bytes, "bf16 weight copy", err, errlen)))) {
@@ -31,13 +31,15 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     }
     const int64_t t_params = trace_now_ns();
     s->setup_touch_s = (double)(t_params - t_alloc) * 1e-9;
-    s->setup_touched_bytes = plan->total_bytes; /* the buffers above are the plan's parts */
-    /* The optimizer allocation holds m, then v (of this rank's shard), then the norm partials. */
+    s->setup_touched_bytes = plan->arena_bytes; /* the buffers above are the plan's parts */
     int64_t shard_index = par ? comm_rank(par->shard) : 0;
     zero_shard_range(n, plan->shard_ranks, shard_index, &s->shard_lo, &s->shard_n);
-    int64_t cap = plan->shard_params;
-    s->adam_v = s->adam_m + cap;
-    s->norm_partials = (double *)((char *)s->adam_m + 2 * (uint64_t)cap * sizeof(float));
+    const plan_optimizer_layout_t ol = plan_optimizer_layout(plan->shard_params, plan->mu_bf16);
+    char *state = s->adam_state;
+    s->adam_v = (float *)state;
+    if (plan->mu_bf16) s->adam_m16 = (bf16_t *)(state + ol.m_offset);
+    else s->adam_m = (float *)(state + ol.m_offset);
+    s->norm_partials = (double *)(state + ol.partials_offset);
     /* The reduced shard sits after the full local gradients; with one shard they are one. */
     s->grad_shard = plan->shard_ranks > 1 ? s->grads + n : s->grads + s->shard_lo;
     gemm_library_t lib = (gemm_library_t)gemm_library_parse(cfg->gemm_library);
@@ -52,7 +54,8 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         int rc = full_state_open(&fs, cfg->load_full_state_path, d, err, errlen);
         if (rc == 0) {
             rc = qwen3_load_safetensors(s->params, d, fs.model_file, err, errlen) != 0 ||
-                 full_state_read_moments(&fs, s->shard_lo, s->shard_n, s->adam_m, s->adam_v, err, errlen) != 0;
+                 full_state_read_moments(&fs, s->shard_lo, s->shard_n, s->adam_m, s->adam_m16, s->adam_v, err,
+                                         errlen) != 0;
             s->updates_done = fs.updates_done;
             s->resumed_step = fs.step;
             full_state_close(&fs);
@@ -76,10 +79,10 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
                            .bf16 = plan->bf16, .gemm_library = lib, .trace = trace};
     const bool data_parallel = par && comm_size(par->world) > 1;
-    /* One rank and one pass: the gradient buffer is the one the norm is taken over, and the
-     * weight gradients' products write its final values, so they may take their squares as they
-     * write them (with micro-batches the first pass writes and the others add). */
-    opt.grad_sumsq = !data_parallel && plan->micro_batches == 1;
+    /* One rank: the gradient buffer is the one the norm is taken over, and the weight gradients'
+     * products of the step's last pass store its final values, so they may take their squares
+     * as they store them (with micro-batches, after adding onto the earlier passes'). */
+    opt.grad_sumsq = !data_parallel;
     if (data_parallel) {
         zero_options_t zo = {.world = par->world, .shard = par->shard, .replica = par->replica, .num_params = n,
                              .params = s->params, .grads = s->grads, .grad_shard = s->grad_shard, .trace = trace,
@@ -115,7 +118,7 @@ void train_state_destroy(train_state_t *s) {
     arena_free(s->params, s->plan.params_bytes);
     arena_free(s->params_bf16, s->plan.params_bf16_bytes);
     arena_free(s->grads, s->plan.grads_bytes);
-    arena_free(s->adam_m, s->plan.optimizer_bytes);
+    arena_free(s->adam_state, s->plan.optimizer_bytes);
     arena_free(s->acts, s->plan.activations_bytes);
     arena_free(s->scratch, s->plan.scratch_bytes);
     memset(s, 0, sizeof *s);
@@ -150,8 +153,13 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     out->grad_norm = out->raw_grad_norm * scale;
     s->updates_done++;
     t0 = trace_begin(s->trace);
-    adamw_update(s->params + s->shard_lo, s->adam_m, s->adam_v, s->grad_shard, n, s->updates_done,
-                 (float)(scale * inv_sum), &s->adam, s->params_bf16 ? s->params_bf16 + s->shard_lo : NULL);
+    bf16_t *p16 = s->params_bf16 ? s->params_bf16 + s->shard_lo : NULL;
+    if (s->adam_m16)
+        adamw_update_m16(s->params + s->shard_lo, s->adam_m16, s->adam_v, s->grad_shard, n, s->updates_done,
+                         (float)(scale * inv_sum), &s->adam, p16);
+    else
+        adamw_update(s->params + s->shard_lo, s->adam_m, s->adam_v, s->grad_shard, n, s->updates_done,
+                     (float)(scale * inv_sum), &s->adam, p16);
     trace_end(s->trace, 0, s->span_adamw, t0, 0);
     /* The next backward writes most gradients afresh; the ones it adds into go back to zero here,
      * for one shard and several alike (with several, the reduce-scatter rewrites the shard each

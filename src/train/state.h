@@ -23,10 +23,14 @@ typedef struct train_parallel {
 
 typedef struct train_state {
     plan_t plan;
-    float *params, *grads, *adam_m, *adam_v;
+    float *params, *grads;
+    void *adam_state;      /* the optimizer allocation (plan_optimizer_layout): v, m, norm partials */
+    float *adam_v, *adam_m; /* adam_m NULL where m is held in bf16 (mu_dtype=bfloat16) */
+    bf16_t *adam_m16;       /* mu_dtype=bfloat16: m; NULL otherwise */
     bf16_t *params_bf16; /* dtype=bfloat16: bf16(params) for the matmuls; NULL otherwise */
     /* This rank's optimizer shard: parameters [shard_lo, shard_lo + shard_n), their reduced
-     * gradients in grad_shard (== grads + shard_lo with one rank), moments in adam_m/adam_v. */
+     * gradients in grad_shard (== grads + shard_lo with one rank), moments in adam_m (or
+     * adam_m16) and adam_v. */
     int64_t shard_lo, shard_n;
     float *grad_shard;
     zero_t *zero;                  /* NULL with one rank */

@@ -326,7 +326,7 @@ BAD_INPUTS = [
      ["metadata (step, updates_done,", "damaged"]),
     ("full state shard out of place", _full(_meta("shard_lo", "16")), 1, ["should start at 0", "damaged"]),
     ("full state moments misnamed", _full(lambda p: _rewrite(p, lambda h, _: h.__setitem__("m", h.pop("exp_avg")))), 1,
-     ["needs an F32 tensor exp_avg of shape"]),
+     ["needs an F32 or BF16 tensor exp_avg of shape"]),
     # token files
     ("tokens missing", lambda d: [str(CONFIG), *FAST, "dataset_type=tokens", f"dataset_path={d / 'no.bin'}"], 1,
      ["no.bin", "cannot open"]),

@@ -1,0 +1,69 @@
+/* adamw_mu: what mu_dtype=bfloat16 saves in the AdamW update. Alternates, call by call over the
+ * same n parameters in huge pages (util/arena.h, as the step allocates them), the update with
+ * AdamW's first moment in fp32 (adamw_update: p, m, v, g read; p, m, v and the bf16 weight copy
+ * written, 30 bytes a parameter) and in bf16 (adamw_update_m16: 26 bytes), each writing the bf16
+ * weight copy as a dtype=bfloat16 step does. Prints each one's milliseconds and GB/s (of its own
+ * bytes), medians over the rounds, and the ratio of their times per round, whose median is the
+ * comparison: both run in the same memory phase of this shared VM.
+ *   build/bench/adamw_mu [rounds=9] [million parameters=596 (qwen3-0.6b)] [threads=all] */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "benchutil.h"
+#include "kernels/adamw.h"
+#include "util/arena.h"
+
+enum { MAX_ROUNDS = 64 };
+
+static void *alloc_or_die(size_t bytes, const char *what) {
+    char err[256];
+    void *p = arena_alloc(bytes, what, err, sizeof err);
+    if (!p) {
+        fprintf(stderr, "adamw_mu: %s\n", err);
+        exit(1);
+    }
+    return p;
+}
+
+int main(int argc, char **argv) {
+    int rounds = argc > 1 ? atoi(argv[1]) : 9;
+    int64_t n = (argc > 2 ? atoll(argv[2]) : 596) * 1000000LL;
+    int threads = argc > 3 ? atoi(argv[3]) : omp_get_num_procs();
+    if (rounds < 1 || rounds > MAX_ROUNDS || n < 1000000 || threads < 1) {
+        fprintf(stderr, "usage: adamw_mu [rounds 1..%d] [million parameters >= 1] [threads >= 1]\n", MAX_ROUNDS);
+        return 2;
+    }
+    omp_set_num_threads(threads);
+    const size_t nf = (size_t)n * sizeof(float), nh = (size_t)n * sizeof(bf16_t);
+    float *p = alloc_or_die(nf, "parameters"), *m = alloc_or_die(nf, "m"), *v = alloc_or_die(nf, "v");
+    float *g = alloc_or_die(nf, "gradients");
+    bf16_t *m16 = alloc_or_die(nh, "bf16 m"), *p16 = alloc_or_die(nh, "bf16 copy");
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) p[i] = (float)(i % 97) * 1e-2f, g[i] = (float)(i % 13) * 1e-3f;
+    const adamw_hparams_t hp = {.lr = 1e-4f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    double ms32[MAX_ROUNDS], ms16[MAX_ROUNDS], ratio[MAX_ROUNDS];
+    /* One call of each first, untimed: the pages' first touch by the update's own threads. */
+    adamw_update(p, m, v, g, n, 1, 1.0f, &hp, p16);
+    adamw_update_m16(p, m16, v, g, n, 1, 1.0f, &hp, p16);
+    for (int r = 0; r < rounds; r++) {
+        double t0 = bench_now();
+        adamw_update(p, m, v, g, n, r + 2, 1.0f, &hp, p16);
+        double t1 = bench_now();
+        adamw_update_m16(p, m16, v, g, n, r + 2, 1.0f, &hp, p16);
+        double t2 = bench_now();
+        ms32[r] = (t1 - t0) * 1e3, ms16[r] = (t2 - t1) * 1e3, ratio[r] = ms32[r] / ms16[r];
+    }
+    double q1, q3;
+    double r = bench_sorted_median(ratio, rounds, &q1, &q3);
+    double a = bench_sorted_median(ms32, rounds, NULL, NULL), b = bench_sorted_median(ms16, rounds, NULL, NULL);
+    printf("AdamW over %lld parameters on %d threads, writing the bf16 weight copy, medians of %d alternated rounds:\n",
+           (long long)n, threads, rounds);
+    printf("  m in fp32 (30 bytes a parameter): %.1f ms, %.1f GB/s\n", a, 30.0 * (double)n / a / 1e6);
+    printf("  m in bf16 (26 bytes a parameter): %.1f ms, %.1f GB/s\n", b, 26.0 * (double)n / b / 1e6);
+    printf("  bf16 m's speed-up: %.3fx (quartiles %.3f-%.3f; 30/26 = %.3f if the bytes alone bound both)\n", r, q1, q3,
+           30.0 / 26.0);
+    arena_free(p, nf), arena_free(m, nf), arena_free(v, nf), arena_free(g, nf);
+    arena_free(m16, nh), arena_free(p16, nh);
+    return 0;
+}
