@@ -57,8 +57,11 @@ def run(overrides, workdir, name, args, binary):
     prof = [f"steps={steps}", "profiler=xplane", f"skip_first_n_steps_for_profiler={steps - n}", f"profiler_steps={n}"]
     probe0 = benchlib.fma_probe(args.threads)
     over = [*args.common, *overrides, *prof]
+    # A build of another commit reads its own checkout's base.yml: this one's may name keys it
+    # does not know.
+    config = Path(binary).resolve().parents[1] / "configs" / "base.yml" if binary else None
     res = benchlib.run_stepscope(over, workdir, name, args.threads, benchlib.matmul_peak(over, args.peak),
-                                 binary=binary)
+                                 binary=binary, config=config if config and config.exists() else None)
     probe1 = benchlib.fma_probe(args.threads)
     if res["rc"] != 0:
         sys.exit(f"ab_overrides: {name} failed (rc {res['rc']}):\n{benchlib.tail(res['log'])}")

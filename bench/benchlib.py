@@ -175,10 +175,10 @@ def matmul_peak(overrides, fp32_peak):
     return 2 * fp32_peak if bf16 and cpu_has_bf16_unit() else fp32_peak
 
 
-def run_stepscope(overrides, workdir, name, threads, peak, rss_cap=None, timeout=None, binary=None):
-    """One stepscope run (of `binary`, default build/stepscope); adds per-step seconds and losses
-    from its metrics.jsonl."""
-    cmd = [binary or BIN, CONFIG, *overrides, f"num_threads={threads}", f"device_peak_tflops={peak}",
+def run_stepscope(overrides, workdir, name, threads, peak, rss_cap=None, timeout=None, binary=None, config=None):
+    """One stepscope run (of `binary`, default build/stepscope, with `config`, default
+    configs/base.yml); adds per-step seconds and losses from its metrics.jsonl."""
+    cmd = [binary or BIN, config or CONFIG, *overrides, f"num_threads={threads}", f"device_peak_tflops={peak}",
            f"base_output_directory={workdir}", f"run_name={name}", "enable_tensorboard=false"]
     res = run_child(cmd, Path(workdir) / f"{name}.log", rss_cap=rss_cap, timeout=timeout)
     res["cmd"] = " ".join(str(c) for c in cmd)
