@@ -183,23 +183,25 @@ def test_checkpoints_of_ranks(tmp_path):
     assert abs(resumed - many) <= TOL * abs(many), (resumed, many)
 
 
-def test_full_state_resumes_on_another_rank_count(tmp_path):
+@pytest.mark.parametrize("mu", ["float32", "bfloat16"])
+def test_full_state_resumes_on_another_rank_count(tmp_path, mu):
     """AdamW's moments are kept as ranges of the flat parameter vector, so a checkpoint of 2 ranks
     resumes in one process and one of a process on 2 ranks (each reading its shard from the files
     that cover it): steps 3..5 then match the uninterrupted runs to the ranks' reduction order,
-    and a 2-rank run resumed from its own checkpoint matches itself to the last bit. A checkpoint
-    missing a shard's file is refused before set-up on every rank."""
-    ck = ["enable_checkpointing=true", "checkpoint_period=2", "steps=6"]
+    and a 2-rank run resumed from its own checkpoint matches itself to the last bit, with the first
+    moment in fp32 or in bf16 (mu_dtype). A checkpoint missing a shard's file is refused before
+    set-up on every rank."""
+    ck = ["enable_checkpointing=true", "checkpoint_period=2", "steps=6", f"mu_dtype={mu}"]
     single(tmp_path, *FAST, "per_device_batch_size=4", "run_name=one", *ck)
     r = mpirun(tmp_path, 2, *FAST, "per_device_batch_size=2", "run_name=many", *ck)
     assert r.returncode == 0, r.stdout + r.stderr
     folder = {run: tmp_path / "out" / run / "checkpoints" / "2" for run in ("one", "many")}
-    single(tmp_path, *FAST, "per_device_batch_size=4", "run_name=many_to_one", "steps=6",
+    single(tmp_path, *FAST, "per_device_batch_size=4", "run_name=many_to_one", "steps=6", f"mu_dtype={mu}",
            f"load_full_state_path={folder['many']}")
-    r = mpirun(tmp_path, 2, *FAST, "per_device_batch_size=2", "run_name=one_to_many", "steps=6",
+    r = mpirun(tmp_path, 2, *FAST, "per_device_batch_size=2", "run_name=one_to_many", "steps=6", f"mu_dtype={mu}",
                f"load_full_state_path={folder['one']}")
     assert r.returncode == 0, r.stdout + r.stderr
-    r = mpirun(tmp_path, 2, *FAST, "per_device_batch_size=2", "run_name=many_to_many", "steps=6",
+    r = mpirun(tmp_path, 2, *FAST, "per_device_batch_size=2", "run_name=many_to_many", "steps=6", f"mu_dtype={mu}",
                f"load_full_state_path={folder['many']}")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "resumed: the state after step 2 (3 AdamW updates)" in r.stdout
