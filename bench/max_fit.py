@@ -129,7 +129,10 @@ def main():
 
     capped = (f"; torch RSS cap {cap / bl.GIB:.2f} GiB (the budget, or available memory less 1 GiB if lower)"
               if a.torch_seqs else "")
-    print(f"\n{a.model}, float32, {a.threads} threads; budget {budget:.2f} GiB "
+    # stepscope's settings as the overrides leave them (the last of a key wins, as in stepscope);
+    # torch's probes always run eager float32
+    ours = ", ".join(a.set) if a.set else "dtype=float32"
+    print(f"\n{a.model}, stepscope with {ours}, {a.threads} threads; budget {budget:.2f} GiB "
           f"(physical {physical / bl.GIB:.2f} GiB){capped}")
     print(bl.table(["engine", "policy", "seq", "batch", "tokens", "plan GiB", "peak RSS GiB", "result"], rows))
     fits = {}
