@@ -730,8 +730,8 @@ static int write_body(FILE *f, void *ctx, char *err, size_t errlen) {
 }
 
 int safetensors_write(const char *path, const st_write_entry_t *entries, size_t n,
-                          const char *const *meta_keys, const char *const *meta_values,
-                          size_t num_meta, char *err, size_t errlen) {
+                      const char *const *meta_keys, const char *const *meta_values,
+                      size_t num_meta, char *err, size_t errlen) {
     if (!path || (n > 0 && !entries)) {
         set_err(err, errlen, path, "no path or no entries given");
         return -1;

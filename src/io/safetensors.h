@@ -67,7 +67,7 @@ typedef struct st_write_entry {
 /* Write F32 and BF16 tensors (and optional string metadata) atomically. Non-zero with err on
  * failure (another dtype among them included). */
 int safetensors_write(const char *path, const st_write_entry_t *entries, size_t n,
-                          const char *const *meta_keys, const char *const *meta_values,
-                          size_t num_meta, char *err, size_t errlen);
+                      const char *const *meta_keys, const char *const *meta_values,
+                      size_t num_meta, char *err, size_t errlen);
 
 #endif

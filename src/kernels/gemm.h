@@ -86,10 +86,9 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
 
 /* gemm_bf16 that also gives Σ C² over the C it writes (with accumulate, of C's final values:
  * the last of several passes that add into a gradient), for a gradient norm without a pass over
- * the gradient: where the products run on our blocked kernel's
- * AVX512-BF16 tiles, each 8 × 32 tile's squares are summed from the registers it is stored from
- * (bf16_blocked_gemm) and the tiles then in row-major tile order in double, so the thread count
- * changes no bit; returns true and sets *sumsq. Elsewhere (AMX, the libraries, shapes our kernel
+ * the gradient: where the products run on our blocked kernel's AVX512-BF16 tiles, each 8 × 32
+ * tile's squares are summed from the registers it is stored from (bf16_blocked_gemm) and the
+ * tiles then in row-major tile order in double, so the thread count changes no bit; returns true and sets *sumsq. Elsewhere (AMX, the libraries, shapes our kernel
  * does not take, K = 0) it computes C alone and returns false. tile_sums: scratch of
  * tile_sums_floats floats; where that is fewer than gemm_sumsq_floats(M, N), it computes C
  * alone and returns false too, rather than write past them. */

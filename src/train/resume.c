@@ -266,9 +266,9 @@ void full_state_close(full_state_t *fs) {
     memset(fs, 0, sizeof *fs);
 }
 
-/* See resume.h: the run goes on from the step after its checkpoint, so there must be steps left, and the
- * profiler's window (skip_first_n_steps_for_profiler counts from the run's first step, as in
- * MaxText) must open before the last. */
+/* See resume.h: the run goes on from the step after its checkpoint, so there must be steps
+ * left, and the profiler's window (skip_first_n_steps_for_profiler counts from the run's first
+ * step, as in MaxText) must open before the last. */
 int full_state_first_step(const config_t *cfg, const qwen3_dims_t *d, int64_t *first_step, char *err, size_t errlen) {
     full_state_t fs;
     if (full_state_open(&fs, cfg->load_full_state_path, d, err, errlen) != 0) return -1;
