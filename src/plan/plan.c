@@ -142,6 +142,12 @@ int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t er
      * the AdamW state, so every rank keeps the whole parameters and gradients. */
     uint64_t whole = p->params_bytes + p->params_bf16_bytes + (uint64_t)p->num_params * sizeof(float);
     uint64_t state = p->params_bytes + p->params_bf16_bytes + p->grads_bytes + p->optimizer_bytes;
+    /* mu_dtype=bfloat16 is named where it alone would make the plan fit. */
+    uint64_t mu_saving = p->mu_bf16 ? 0 : p->optimizer_bytes - plan_optimizer_layout(p->shard_params, true).bytes;
+    char mu_hint[160] = "";
+    if (mu_saving > 0 && p->total_bytes - mu_saving <= avail)
+        snprintf(mu_hint, sizeof mu_hint, ", or set mu_dtype=bfloat16 (AdamW's first moment in bf16: %.2f GiB less)",
+                 (double)mu_saving / gib);
     if (whole > avail)
         snprintf(err, errlen,
                  "the memory plan needs %.2f GiB per device but %.2f GiB is available%s, and the parameters and "
@@ -152,16 +158,16 @@ int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t er
         snprintf(err, errlen,
                  "the memory plan needs %.2f GiB per device but %.2f GiB is available%s, and the parameters, gradients "
                  "and AdamW state alone take %.2f GiB whatever the batch; use more ranks (ici_fsdp_parallelism shards "
-                 "the AdamW state's %.2f GiB across them) or a smaller model_name",
+                 "the AdamW state's %.2f GiB across them) or a smaller model_name%s",
                  (double)p->total_bytes / gib, (double)avail / gib, share, (double)state / gib,
-                 (double)p->optimizer_bytes / gib);
+                 (double)p->optimizer_bytes / gib, mu_hint);
     else
         snprintf(err, errlen,
                  "the memory plan needs %.2f GiB per device (activations %.2f GiB) but %.2f GiB is available%s; "
                  "lower per_device_batch_size (raising gradient_accumulation_steps keeps the global batch) or "
-                 "max_target_length%s, or use more ranks",
+                 "max_target_length%s, or use more ranks%s",
                  (double)p->total_bytes / gib, (double)p->activations_bytes / gib, (double)avail / gib, share,
-                 p->remat == QWEN3_REMAT_FULL ? "" : ", or set remat_policy=full");
+                 p->remat == QWEN3_REMAT_FULL ? "" : ", or set remat_policy=full", mu_hint);
     return CONFIG_EXIT_CODE;
 }
 

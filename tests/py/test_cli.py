@@ -652,6 +652,13 @@ def test_refuses_memory_plan_over_budget(tmp_path):
     r = stepscope(tmp_path, *FAST, gib((whole + state) // 2))
     assert_refused(r, tmp_path, "memory plan", "AdamW state alone", "whatever the batch", "ici_fsdp_parallelism")
     assert "per_device_batch_size" not in r.stderr
+    # over by less than a bf16 first moment saves: mu_dtype=bfloat16 is named, and fits
+    n = qwen3_params(**shape_of("tiny"))
+    near = gib(total - n)  # the bf16 moment saves 2 bytes a parameter
+    r = stepscope(tmp_path, "model_name=tiny", near, "--dry-run")
+    assert_refused(r, tmp_path, "memory plan", "or set mu_dtype=bfloat16 (AdamW's first moment in bf16:")
+    assert stepscope(tmp_path, "model_name=tiny", near, "mu_dtype=bfloat16", "--dry-run").returncode == 0
+    assert "mu_dtype" not in stepscope(tmp_path, *FAST, between).stderr  # not where it would not fit
     # over by the parameters and gradients: neither a batch nor ranks fit it
     r = stepscope(tmp_path, *FAST, gib(whole // 2))
     assert_refused(r, tmp_path, "memory plan", "gradients alone", "smaller model_name")
