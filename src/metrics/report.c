@@ -36,6 +36,8 @@ struct report {
     int64_t evals, checkpoints, last_eval_step;
     double last_eval_loss, eval_rate_median, checkpoint_seconds_median; /* medians: set by report_summary */
     uint64_t checkpoint_bytes;
+    int64_t checkpoints_async;   /* of them, written beside the next step (async_checkpointing) */
+    double checkpoint_wait_s;    /* the steps' updates waiting for those writes, in all */
     double last_loss;
     bool warned_peak; /* an MFU over 100% has been pointed out */
     double probe_before, probe_after; /* report_set_machine_probes; 0 = not probed */
@@ -256,8 +258,10 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
         fprintf(m, ", \"memory/rss_gib\": %.6f, \"memory/peak_rss_gib\": %.6f", (double)rec->rss_bytes / GIB,
                 (double)rec->peak_rss_bytes / GIB);
     if (rec->checkpoint_bytes)
-        fprintf(m, ", \"checkpoint/write_seconds\": %.6f, \"checkpoint/bytes\": %llu", rec->checkpoint_seconds,
-                (unsigned long long)rec->checkpoint_bytes);
+        fprintf(m, ", \"checkpoint/write_seconds\": %.6f, \"checkpoint/bytes\": %llu, \"checkpoint/async\": %s",
+                rec->checkpoint_seconds, (unsigned long long)rec->checkpoint_bytes, rec->checkpoint_async ? "true" : "false");
+    if (rec->checkpoint_wait_seconds > 0)
+        fprintf(m, ", \"checkpoint/wait_seconds\": %.6f", rec->checkpoint_wait_seconds);
     char eval_loss[32];
     const int64_t eval_tokens = rec->eval_batches * plan_batch_tokens_per_device(&r->plan);
     double eval_tokens_s = rec->eval_batches ? (double)eval_tokens / rec->eval_seconds : 0.0;
@@ -317,7 +321,9 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
     if (rec->checkpoint_bytes && r->checkpoints < r->cap) {
         r->checkpoint_seconds[r->checkpoints++] = rec->checkpoint_seconds;
         r->checkpoint_bytes = rec->checkpoint_bytes;
+        r->checkpoints_async += rec->checkpoint_async;
     }
+    r->checkpoint_wait_s += rec->checkpoint_wait_seconds;
     r->last_loss = rec->loss;
     return 0;
 }
@@ -398,9 +404,15 @@ void report_summary(report_t *r, FILE *out) {
     if (r->checkpoints) {
         double secs = r->checkpoint_seconds_median = median_sorting(r->checkpoint_seconds, r->checkpoints);
         bool gib = r->checkpoint_bytes >= (uint64_t)GIB;
-        fprintf(out, "  checkpoints     %lld written, %.3f %s each, %.3f s (%.3f GB/s) median, outside the step times\n",
-                (long long)r->checkpoints, (double)r->checkpoint_bytes / (gib ? GIB : 1048576.0), gib ? "GiB" : "MiB", secs,
+        fprintf(out, "  checkpoints     %lld written, %.3f %s each, %.3f s (%.3f GB/s) median, ", (long long)r->checkpoints,
+                (double)r->checkpoint_bytes / (gib ? GIB : 1048576.0), gib ? "GiB" : "MiB", secs,
                 (double)r->checkpoint_bytes / secs / 1e9);
+        if (r->checkpoints_async)
+            fprintf(out, "%lld beside the next step (async_checkpointing: the next steps' updates waited %.3f s in all "
+                         "for them, in the step times), %lld outside the step times\n",
+                    (long long)r->checkpoints_async, r->checkpoint_wait_s, (long long)(r->checkpoints - r->checkpoints_async));
+        else
+            fprintf(out, "outside the step times\n");
     }
     /* Read now, so the peak covers the whole run so far, steps and set-up alike. */
     memstat_t mem;
@@ -488,8 +500,10 @@ static int write_summary_json(FILE *f, void *ctx, char *err, size_t errlen) {
     }
     if (r->checkpoints) {
         double secs = r->checkpoint_seconds_median;
-        fprintf(f, "  \"checkpoint/count\": %lld,\n  \"checkpoint/bytes\": %llu,\n  \"checkpoint/write_seconds_median\": %.9g,\n",
-                (long long)r->checkpoints, (unsigned long long)r->checkpoint_bytes, secs);
+        fprintf(f, "  \"checkpoint/count\": %lld,\n  \"checkpoint/bytes\": %llu,\n  \"checkpoint/write_seconds_median\": %.9g,\n"
+                   "  \"checkpoint/async_count\": %lld,\n  \"checkpoint/wait_seconds\": %.9g,\n",
+                (long long)r->checkpoints, (unsigned long long)r->checkpoint_bytes, secs, (long long)r->checkpoints_async,
+                r->checkpoint_wait_s);
     }
     if (r->memory_measured) {
         fprintf(f, "  \"memory/peak_rss_gib\": %.9g,\n  \"memory/plan_gib\": %.9g,\n  \"memory/peak_rss_to_plan\": %.9g,\n",

@@ -16,10 +16,14 @@ typedef struct step_record {
     double loss, raw_grad_norm, grad_norm;
     double seconds;       /* completion of step − completion of the step before */
     double data_wait_seconds;
-    /* A parameter checkpoint written after this step (enable_checkpointing), outside its time;
-     * 0 bytes: none. */
+    /* A parameter checkpoint written after this step (enable_checkpointing), outside its time,
+     * or with async_checkpointing beside the next step's forward and backward; 0 bytes: none. */
     uint64_t checkpoint_bytes;
     double checkpoint_seconds;
+    bool checkpoint_async;
+    /* async_checkpointing: how long this step's update waited for the previous step's write (in
+     * its time). */
+    double checkpoint_wait_seconds;
     /* An evaluation run after this step (eval_interval), outside its time: the mean loss over
      * eval_batches batches of the global batch and the seconds they took; 0 batches: none. */
     int64_t eval_batches;

@@ -87,6 +87,11 @@ typedef struct loop {
     int profile_pending;
     int64_t checkpoint_pending; /* i + 1 of the step whose checkpoint the host thread writes now; 0: none */
     bool checkpoint_finishing;  /* with it: rank 0's config.json after every rank's files */
+    /* async_checkpointing, the compute thread's: i + 1 of the step whose checkpoint is being
+     * written beside the next step (set on every rank, writer or not: they finish it together
+     * before that step's update); 0: none. */
+    int64_t checkpoint_async;
+    uint32_t span_checkpoint_wait;
     /* the compute thread's clock: when step 0 started, and the pauses between steps
      * (evaluations, checkpoint writes, the profile's write) */
     int64_t steps_start_ns, eval_ns, checkpoint_ns, profile_ns;
@@ -159,6 +164,42 @@ static bool host_writes_checkpoint(loop_t *l, int64_t i, bool finishing) {
     return l->checkpoint_failed;
 }
 
+/* Step i's checkpoint, holding mu: the first shard group's files written (waited for where an
+ * async write of them is already under way), every rank told whether they all were, and rank 0's
+ * config.json marking it whole. A failure stops the ranks at the next step's vote. */
+static void finish_checkpoint(loop_t *l, int64_t i, bool written_async) {
+    bool failed = false;
+    if (l->checkpoint_writer) {
+        if (written_async) {
+            while (l->checkpoint_pending) pthread_cond_wait(&l->cv, &l->mu);
+            failed = l->checkpoint_failed;
+        } else {
+            failed = host_writes_checkpoint(l, i, false);
+        }
+    }
+    if (l->state.zero) {
+        pthread_mutex_unlock(&l->mu);
+        failed = zero_any(l->state.zero, failed);
+        pthread_mutex_lock(&l->mu);
+    }
+    if (!failed && l->rank == 0) failed = host_writes_checkpoint(l, i, true);
+    if (failed) l->stop_requested = 1;
+}
+
+/* train_step's before_update hook: the previous step's async checkpoint must be whole before
+ * this update writes the parameters and moments it reads. The wait is in this step's time. */
+static void checkpoint_before_update(void *arg) {
+    loop_t *l = arg;
+    if (!l->checkpoint_async) return;
+    int64_t t0 = now_ns(), span = trace_begin(l->trace);
+    pthread_mutex_lock(&l->mu);
+    finish_checkpoint(l, l->checkpoint_async - 1, true);
+    l->records[l->checkpoint_async].checkpoint_wait_seconds = (double)(now_ns() - t0) * 1e-9;
+    pthread_mutex_unlock(&l->mu);
+    trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint_wait, span, 0);
+    l->checkpoint_async = 0;
+}
+
 static void *compute_main(void *arg) {
     loop_t *l = arg;
     omp_set_num_threads(l->plan->num_threads);
@@ -193,6 +234,9 @@ static void *compute_main(void *arg) {
         step_record_t rec = {.step = step, .loss = res.loss, .raw_grad_norm = res.raw_grad_norm,
                              .grad_norm = res.grad_norm, .seconds = (double)(end - last_end) * 1e-9,
                              .data_wait_seconds = wait};
+        pthread_mutex_lock(&l->mu);
+        rec.checkpoint_wait_seconds = l->records[i].checkpoint_wait_seconds; /* the hook's, in train_step */
+        pthread_mutex_unlock(&l->mu);
         if (eval_due(l->cfg, step)) {
             evaluate(l, &rec);
             end = pause_ended(&l->eval_ns, end); /* the next step's clock starts after the evaluation */
@@ -211,26 +255,36 @@ static void *compute_main(void *arg) {
             end = pause_ended(&l->profile_ns, end);
         }
         if (l->cfg->enable_checkpointing && checkpoint_due(step, l->cfg->steps, l->cfg->checkpoint_period)) {
-            /* The host threads of the first shard group write its files (rank 0's the
-             * parameters too), then rank 0's config.json marks the checkpoint whole; every rank
-             * starts its next step, and its clock, after them, so no step time holds a write or a
-             * wait for one. A config.json that fails stops the ranks at the next step's vote. */
-            int64_t span = trace_begin(l->trace);
-            bool failed = l->checkpoint_writer && host_writes_checkpoint(l, i, false);
-            if (l->state.zero) {
-                pthread_mutex_unlock(&l->mu);
-                failed = zero_any(l->state.zero, failed);
-                pthread_mutex_lock(&l->mu);
+            if (l->cfg->async_checkpointing && step + 1 < l->cfg->steps) {
+                /* The host threads of the first shard group write its files while the next step's
+                 * forward and backward run, which only read the parameters; that step's update
+                 * waits for them (checkpoint_before_update), so its time holds the write's cost. */
+                l->records[i].checkpoint_async = true;
+                if (l->checkpoint_writer) {
+                    l->checkpoint_pending = i + 1;
+                    l->checkpoint_finishing = false;
+                    pthread_cond_broadcast(&l->cv);
+                }
+                l->checkpoint_async = i + 1;
+            } else {
+                /* The host threads of the first shard group write its files (rank 0's the
+                 * parameters too), then rank 0's config.json marks the checkpoint whole; every
+                 * rank starts its next step, and its clock, after them, so no step time holds a
+                 * write or a wait for one. The last step's is written so with async too. */
+                int64_t span = trace_begin(l->trace);
+                finish_checkpoint(l, i, false);
+                trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint, span, 0);
+                end = pause_ended(&l->checkpoint_ns, end);
             }
-            if (!failed && l->rank == 0) failed = host_writes_checkpoint(l, i, true);
-            if (failed) l->stop_requested = 1;
-            trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint, span, 0);
-            end = pause_ended(&l->checkpoint_ns, end);
         }
         pthread_mutex_unlock(&l->mu);
         last_end = end;
     }
     pthread_mutex_lock(&l->mu);
+    /* Stopped (a signal, a diverging run, a failed write) with an async write under way: every
+     * rank stops at the same step, so all finish it here, and it is whole. */
+    if (l->checkpoint_async) finish_checkpoint(l, l->checkpoint_async - 1, true);
+    l->checkpoint_async = 0;
     l->finished = 1;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
@@ -421,6 +475,8 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             /* Between two steps, outside both: the profile says what the gap between them was. */
             l.span_eval = trace_intern(l.trace, "evaluation (between steps)", TRACE_CAT_OTHER, "evaluation");
             l.span_checkpoint = trace_intern(l.trace, "checkpoint write (between steps)", TRACE_CAT_OTHER, "checkpoint");
+            /* Inside a step: its update waiting for the previous step's async write. */
+            l.span_checkpoint_wait = trace_intern(l.trace, "checkpoint wait (async)", TRACE_CAT_OTHER, "checkpoint");
         }
     }
     double peak = 0.0, probe_before = 0.0;
@@ -452,6 +508,10 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     train_parallel_t par = {.world = world, .shard = l.shard, .replica = l.replica, .comm_lane = LANE_COMM,
                             .compute_lane = LANE_COMPUTE};
     if (rc == LOOP_OK && train_state_create(&l.state, cfg, plan, l.trace, &par, err, errlen) != 0) rc = LOOP_FAILED;
+    if (cfg->enable_checkpointing && cfg->async_checkpointing) {
+        l.state.before_update = checkpoint_before_update;
+        l.state.before_update_arg = &l;
+    }
     if (rc == LOOP_OK && writer) console_setup(cfg, plan, &l.state, multi);
     if (rc == LOOP_OK) rc = interrupted_in_setup(err, errlen);
     /* Every rank is ready, or none starts. */
@@ -523,7 +583,8 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             } else if (!checkpoint_err[0]) {
                 /* Said once the steps up to this one are reported: their metrics stand. */
                 snprintf(checkpoint_err, sizeof checkpoint_err, "the checkpoint of step %lld could not be written: %s; "
-                         "the run stopped after that step, and the metrics up to it are kept", (long long)step, ck_err);
+                         "the run stopped %s, and the metrics up to it are kept", (long long)step, ck_err,
+                         l.records[i].checkpoint_async ? "after the step beside which it was written" : "after that step");
             }
             l.checkpoint_failed = !ok;
             l.checkpoint_pending = 0;
@@ -540,6 +601,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             rec.memory_measured = memstat_read(&mem);
             rec.rss_bytes = mem.rss_bytes, rec.peak_rss_bytes = mem.peak_rss_bytes;
             if (rc == LOOP_OK && report && report_step(report, &rec, err, errlen) != 0) rc = LOOP_FAILED;
+            if (report && rec.checkpoint_wait_seconds > 0) console_checkpoint_wait(&rec);
             if (report && rec.checkpoint_bytes) console_checkpoint(cfg, plan, &rec);
             if (report && rec.eval_batches) console_eval(plan, peak, &rec);
             if (rc == LOOP_OK && ((isnan(rec.loss) && cfg->abort_on_nan_loss) || (isinf(rec.loss) && cfg->abort_on_inf_loss))) {

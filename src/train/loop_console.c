@@ -53,11 +53,21 @@ void console_checkpoint(const config_t *cfg, const plan_t *plan, const step_reco
     char folder[4096];
     checkpoint_folder(folder, sizeof folder, cfg, rec->step);
     bool gib = rec->checkpoint_bytes >= (uint64_t)GIB;
-    printf("checkpoint: step %lld's parameters and AdamW state, %.3f %s%s in %.3f s (%.3f GB/s), outside the step "
-           "times: %s\n",
+    char where[96];
+    if (rec->checkpoint_async)
+        snprintf(where, sizeof where, "beside step %lld (async_checkpointing)", (long long)rec->step + 1);
+    else
+        snprintf(where, sizeof where, "outside the step times");
+    printf("checkpoint: step %lld's parameters and AdamW state, %.3f %s%s in %.3f s (%.3f GB/s), %s: %s\n",
            (long long)rec->step, (double)rec->checkpoint_bytes / (gib ? GIB : MIB), gib ? "GiB" : "MiB",
            plan->shard_ranks > 1 ? " (rank 0's files)" : "", rec->checkpoint_seconds,
-           (double)rec->checkpoint_bytes / rec->checkpoint_seconds / 1e9, folder);
+           (double)rec->checkpoint_bytes / rec->checkpoint_seconds / 1e9, where, folder);
+}
+
+void console_checkpoint_wait(const step_record_t *rec) {
+    printf("checkpoint: step %lld's update waited %.3f s for step %lld's write to finish (async_checkpointing; in "
+           "step %lld's time)\n",
+           (long long)rec->step, rec->checkpoint_wait_seconds, (long long)rec->step - 1, (long long)rec->step);
 }
 
 /* A batch's forward in MaxText's count (plan_forward_tflops_per_device), so its TFLOP/s and MFU

@@ -33,6 +33,8 @@ void console_ranks(const plan_t *p, comm_t *world);
 void console_setup(const config_t *cfg, const plan_t *plan, const train_state_t *st, bool multi);
 /* Under a step's line: what its checkpoint took; what its evaluation found and took. */
 void console_checkpoint(const config_t *cfg, const plan_t *plan, const step_record_t *rec);
+/* async_checkpointing: how long a step's update waited for the previous step's write. */
+void console_checkpoint_wait(const step_record_t *rec);
 void console_eval(const plan_t *plan, double peak_tflops, const step_record_t *rec);
 /* Closing line of a multi-rank run: the collectives' traffic against theory, and how much of
  * it the step waited for, from step 1 (after_step0: the counters once step 0 was done). */

@@ -151,6 +151,7 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     out->raw_grad_norm = sqrt(sums[0]) * inv_sum;
     float scale = adamw_clip_scale(out->raw_grad_norm, s->clip);
     out->grad_norm = out->raw_grad_norm * scale;
+    if (s->before_update) s->before_update(s->before_update_arg);
     s->updates_done++;
     t0 = trace_begin(s->trace);
     bf16_t *p16 = s->params_bf16 ? s->params_bf16 + s->shard_lo : NULL;

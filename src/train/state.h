@@ -44,6 +44,11 @@ typedef struct train_state {
     int64_t resumed_step; /* load_full_state_path: the step its checkpoint holds; -1 otherwise */
     trace_t *trace;
     uint32_t span_optimizer, span_grad_norm, span_adamw;
+    /* Called (when set) by train_step on its thread once the gradients and their norm are done
+     * and before the update writes the parameters and moments: async_checkpointing's write of
+     * the previous step's state reads them until then (train/loop.c). */
+    void (*before_update)(void *arg);
+    void *before_update_arg;
     /* Where set-up's time went, for the console: the arena's buffers (mapped and every page
      * touched: on a VM that has handed freed memory back to its host this is most of a
      * start-up) and the parameters (initialised or loaded, and their bf16 copy). */

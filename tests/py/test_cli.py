@@ -1282,6 +1282,50 @@ def test_checkpoint_that_cannot_be_written_stops_the_run(tmp_path):
     assert checkpoint_file(tmp_path, 0).exists()
 
 
+def test_async_checkpoints_are_the_same_files(tmp_path):
+    """async_checkpointing=true writes each checkpoint while the next step's forward and backward
+    run, and that step's update waits for it: the checkpoints are the same bytes as those written
+    between steps, the losses the same bits, and the resumed run goes on as from any checkpoint.
+    The last step's checkpoint is written after it, as without async. The console, metrics.jsonl
+    and summary.json say which were written beside a step and how long the updates waited."""
+    ck = ["steps=6", "enable_checkpointing=true", "checkpoint_period=2"]
+    train(tmp_path, *ck, run_name="sync")
+    r = train(tmp_path, *ck, "async_checkpointing=true", run_name="async")
+    assert raw_losses(read_metrics(tmp_path, "async")[1]) == raw_losses(read_metrics(tmp_path, "sync")[1])
+    for step in (0, 2, 4, 5):
+        for f in ("model.safetensors", OPTIMIZER_FILE, "config.json"):
+            a = run_dir(tmp_path, "async") / "checkpoints" / str(step) / f
+            assert a.read_bytes() == (run_dir(tmp_path, "sync") / "checkpoints" / str(step) / f).read_bytes(), (step, f)
+    assert not list((run_dir(tmp_path, "async") / "checkpoints").glob("*.partial"))
+    assert re.search(r"checkpoint: step 2's parameters and AdamW state, [\d.]+ MiB in [\d.]+ s \([\d.]+ GB/s\), beside "
+                     r"step 3 \(async_checkpointing\)", r.stdout), r.stdout
+    assert re.search(r"checkpoint: step 3's update waited [\d.]+ s for step 2's write to finish", r.stdout), r.stdout
+    assert re.search(r"checkpoint: step 5's parameters .*, outside the step times", r.stdout), r.stdout
+    assert "3 beside the next step (async_checkpointing: the next steps' updates waited" in r.stdout
+    recs = read_metrics(tmp_path, "async")[0]
+    assert [m.get("checkpoint/async") for m in recs] == [True, None, True, None, True, False]
+    assert all(m["checkpoint/wait_seconds"] >= 0 for m in recs if m["step"] in (1, 3, 5))
+    summ = json.loads((run_dir(tmp_path, "async") / "summary.json").read_text())
+    assert (summ["checkpoint/count"], summ["checkpoint/async_count"]) == (4, 3)
+    train(tmp_path, "steps=6", f"load_full_state_path={run_dir(tmp_path, 'async') / 'checkpoints' / '2'}",
+          run_name="resumed")
+    assert raw_losses(read_metrics(tmp_path, "resumed")[1]) == raw_losses(read_metrics(tmp_path, "sync")[1])[3:]
+
+
+def test_async_checkpoint_that_cannot_be_written_stops_the_run(tmp_path):
+    # step 2's folder cannot be made while step 3 runs beside its write: step 3's update learns it
+    # (on every rank), the run stops after step 3 with the message, and keeps steps 0..3's metrics
+    (run_dir(tmp_path) / "checkpoints").mkdir(parents=True)
+    (run_dir(tmp_path) / "checkpoints" / "2").write_text("")
+    r = stepscope(tmp_path, *FAST, f"run_name={RUN}", "steps=6", "enable_checkpointing=true", "checkpoint_period=2",
+                  "async_checkpointing=true")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the checkpoint of step 2 could not be written" in r.stderr and "Not a directory" in r.stderr, r.stderr
+    assert "after the step beside which it was written" in r.stderr
+    assert [m["step"] for m in read_metrics(tmp_path)[0]] == [0, 1, 2, 3]
+    assert checkpoint_file(tmp_path, 0).exists()
+
+
 def test_dry_run_counts_checkpoints(tmp_path):
     r = stepscope(tmp_path, *FAST, "--dry-run", "enable_checkpointing=true", "steps=21", "checkpoint_period=10")
     assert r.returncode == 0, r.stderr

@@ -220,6 +220,22 @@ def test_full_state_resumes_on_another_rank_count(tmp_path, mu):
     assert not (tmp_path / "out" / "x").exists()
 
 
+def test_async_checkpoints_of_ranks(tmp_path):
+    """async_checkpointing on 2 ranks of a shared AdamW state: each rank writes its shard beside
+    the next step, the ranks agree before that step's update, rank 0 marks the checkpoint whole;
+    every file is the bytes the writes between steps give, and the losses the same bits."""
+    ck = ["steps=5", "enable_checkpointing=true", "checkpoint_period=2", "per_device_batch_size=2"]
+    for run, extra in (("sync", []), ("async", ["async_checkpointing=true"])):
+        r = mpirun(tmp_path, 2, *FAST, f"run_name={run}", *ck, *extra)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert [m["learning/loss"] for m in metrics(tmp_path, "async")] == [m["learning/loss"] for m in metrics(tmp_path, "sync")]
+    files = sorted(p.relative_to(tmp_path / "out" / "sync").as_posix()
+                   for p in (tmp_path / "out" / "sync" / "checkpoints").rglob("*") if p.is_file())
+    assert len(files) == 3 * 4, files  # steps 0, 2, 4: the parameters, 2 shards and config.json each
+    for f in files:
+        assert (tmp_path / "out" / "async" / f).read_bytes() == (tmp_path / "out" / "sync" / f).read_bytes(), f
+
+
 def test_gradient_accumulation_of_ranks(tmp_path):
     """2 ranks of 2 micro-batches of 1 sequence (each rank's rows one after the other) take the
     update of one process's batch of 4: the ranks reduce their summed gradients once, after the
