@@ -28,7 +28,6 @@
 #include "kernels/amx.h"
 #include "kernels/bf16_blocked.h"
 #include "kernels/dpbf16.h"
-#include "util/arena.h"
 
 enum { MAX_ROUNDS = 64, WEIGHTS = 8 };
 
@@ -39,16 +38,6 @@ static void gate_up_forward(const bf16_t *x, const bf16_t *w, float *y, bf16_t *
     bf16_blocked_gemm(false, true, M, N, K, x, K, w + (int64_t)(call % WEIGHTS) * N * K, K, y, N, false, work, threads, NULL);
 }
 
-static void *alloc_or_die(size_t bytes, const char *what) {
-    char err[256];
-    void *p = arena_alloc(bytes, what, err, sizeof err);
-    if (!p) {
-        fprintf(stderr, "adamw_cores: %s\n", err);
-        exit(1);
-    }
-    return p;
-}
-
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 5;
     int64_t n = (argc > 3 ? atoll(argv[3]) : 150) * 1000000LL;
@@ -56,9 +45,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: adamw_cores [threads >= 2] [rounds 1..%d] [million parameters >= 1]\n", MAX_ROUNDS);
         return 2;
     }
-    float *p = alloc_or_die((size_t)n * sizeof(float), "parameters"), *m = alloc_or_die((size_t)n * sizeof(float), "m");
-    float *v = alloc_or_die((size_t)n * sizeof(float), "v"), *g = alloc_or_die((size_t)n * sizeof(float), "gradients");
-    bf16_t *p16 = alloc_or_die((size_t)n * sizeof(bf16_t), "bf16 copy");
+    float *p = bench_arena_alloc((size_t)n * sizeof(float), "parameters"), *m = bench_arena_alloc((size_t)n * sizeof(float), "m");
+    float *v = bench_arena_alloc((size_t)n * sizeof(float), "v"), *g = bench_arena_alloc((size_t)n * sizeof(float), "gradients");
+    bf16_t *p16 = bench_arena_alloc((size_t)n * sizeof(bf16_t), "bf16 copy");
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < n; i++) p[i] = (float)(i % 97) * 1e-2f, g[i] = (float)(i % 13) * 1e-3f;
     const adamw_hparams_t hp = {.lr = 1e-4f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
@@ -68,10 +57,10 @@ int main(int argc, char **argv) {
     bf16_t *x = NULL, *w = NULL, *work = NULL;
     float *y = NULL;
     if (have_bf16) {
-        x = alloc_or_die((size_t)(M * K) * sizeof(bf16_t), "x");
-        w = alloc_or_die((size_t)(WEIGHTS * N * K) * sizeof(bf16_t), "w");
-        y = alloc_or_die((size_t)(M * N) * sizeof(float), "y");
-        work = alloc_or_die((size_t)threads * (size_t)bf16_blocked_workspace_elems() * sizeof(bf16_t), "workspace");
+        x = bench_arena_alloc((size_t)(M * K) * sizeof(bf16_t), "x");
+        w = bench_arena_alloc((size_t)(WEIGHTS * N * K) * sizeof(bf16_t), "w");
+        y = bench_arena_alloc((size_t)(M * N) * sizeof(float), "y");
+        work = bench_arena_alloc((size_t)threads * (size_t)bf16_blocked_workspace_elems() * sizeof(bf16_t), "workspace");
         for (int64_t i = 0; i < M * K; i++) x[i] = (bf16_t)(0x3c00 + i % 7);
         for (int64_t i = 0; i < WEIGHTS * N * K; i++) w[i] = (bf16_t)(0x3c00 + i % 5);
     } else {

@@ -12,19 +12,8 @@
 
 #include "benchutil.h"
 #include "kernels/adamw.h"
-#include "util/arena.h"
 
 enum { MAX_ROUNDS = 64 };
-
-static void *alloc_or_die(size_t bytes, const char *what) {
-    char err[256];
-    void *p = arena_alloc(bytes, what, err, sizeof err);
-    if (!p) {
-        fprintf(stderr, "adamw_mu: %s\n", err);
-        exit(1);
-    }
-    return p;
-}
 
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 9;
@@ -36,9 +25,9 @@ int main(int argc, char **argv) {
     }
     omp_set_num_threads(threads);
     const size_t nf = (size_t)n * sizeof(float), nh = (size_t)n * sizeof(bf16_t);
-    float *p = alloc_or_die(nf, "parameters"), *m = alloc_or_die(nf, "m"), *v = alloc_or_die(nf, "v");
-    float *g = alloc_or_die(nf, "gradients");
-    bf16_t *m16 = alloc_or_die(nh, "bf16 m"), *p16 = alloc_or_die(nh, "bf16 copy");
+    float *p = bench_arena_alloc(nf, "parameters"), *m = bench_arena_alloc(nf, "m"), *v = bench_arena_alloc(nf, "v");
+    float *g = bench_arena_alloc(nf, "gradients");
+    bf16_t *m16 = bench_arena_alloc(nh, "bf16 m"), *p16 = bench_arena_alloc(nh, "bf16 copy");
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) p[i] = (float)(i % 97) * 1e-2f, g[i] = (float)(i % 13) * 1e-3f;
     const adamw_hparams_t hp = {.lr = 1e-4f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};

@@ -5,8 +5,11 @@
 #define STEPSCOPE_BENCHUTIL_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include "util/arena.h"
 
 /* Seconds on the monotonic clock, for intervals. */
 static inline double bench_now(void) {
@@ -43,6 +46,17 @@ static inline float *bench_filled(int64_t n, unsigned seed) {
 /* The same on a 64-byte boundary, as the model's arena places its buffers; NULL when out of memory. */
 static inline float *bench_filled_aligned(int64_t n, unsigned seed) {
     return bench_fill_(aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64)), n, seed);
+}
+
+/* bytes from the arena (huge pages, as the step allocates its buffers), or exit with its message. */
+static inline void *bench_arena_alloc(size_t bytes, const char *what) {
+    char err[256];
+    void *p = arena_alloc(bytes, what, err, sizeof err);
+    if (!p) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
+    return p;
 }
 
 #endif

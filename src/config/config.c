@@ -18,6 +18,14 @@
 
 typedef enum { KT_INT, KT_FLOAT, KT_BOOL, KT_STR, KT_DTYPE } key_type_t;
 
+/* A dtype's name or alias (float32/fp32, bfloat16/bf16) into *out; false for anything else. */
+static bool dtype_parse(const char *text, dtype_t *out) {
+    if (!strcmp(text, "float32") || !strcmp(text, "fp32")) *out = DTYPE_FLOAT32;
+    else if (!strcmp(text, "bfloat16") || !strcmp(text, "bf16")) *out = DTYPE_BFLOAT16;
+    else return false;
+    return true;
+}
+
 enum { R_LO_OPEN = 1, R_HI_OPEN = 2 };
 
 typedef struct key_def {
@@ -300,10 +308,7 @@ static int set_value(loader_t *L, int k, const char *text, origin_t o) {
         else strcpy((char *)p, text);
         break;
     case KT_DTYPE:
-        if (!strcmp(text, "float32") || !strcmp(text, "fp32")) *(dtype_t *)p = DTYPE_FLOAT32;
-        else if (!strcmp(text, "bfloat16") || !strcmp(text, "bf16"))
-            *(dtype_t *)p = DTYPE_BFLOAT16;
-        else why = "not a dtype";
+        if (!dtype_parse(text, (dtype_t *)p)) why = "not a dtype";
         break;
     }
     if (why) {
@@ -701,9 +706,8 @@ void config_print_help(FILE *out) {
 }
 
 dtype_t config_mu_dtype(const config_t *cfg) {
-    if (!strcmp(cfg->mu_dtype, "bfloat16") || !strcmp(cfg->mu_dtype, "bf16")) return DTYPE_BFLOAT16;
-    if (!strcmp(cfg->mu_dtype, "float32") || !strcmp(cfg->mu_dtype, "fp32")) return DTYPE_FLOAT32;
-    return cfg->weight_dtype;
+    dtype_t d;
+    return dtype_parse(cfg->mu_dtype, &d) ? d : cfg->weight_dtype; /* "": weight_dtype's */
 }
 
 const char *dtype_name(dtype_t d) {

@@ -36,6 +36,12 @@ typedef struct data_options {
 
 typedef struct data_source data_source_t;
 
+/* The bytes of a producer's ring: depth batches of rows windows of seq_len + 1 int32 ids (the
+ * memory plan counts it; data_open allocates it). */
+static inline uint64_t data_ring_bytes(int64_t depth, int64_t rows, int64_t seq_len) {
+    return (uint64_t)depth * (uint64_t)rows * (uint64_t)(seq_len + 1) * sizeof(int32_t);
+}
+
 /* Validate the source (file exists, long enough, every id < vocab) and start the producer.
  * On a user error: one line in err, returns non-zero, nothing started. */
 int data_open(data_source_t **out, const data_options_t *opt, char *err, size_t errlen);

@@ -104,7 +104,7 @@ int data_open(data_source_t **out, const data_options_t *opt, char *err, size_t 
     }
     size_t depth = (size_t)opt->depth;
     d->slot_elems = (size_t)opt->local_batch * ((size_t)opt->seq_len + 1);
-    d->ring = malloc(depth * d->slot_elems * sizeof(int32_t));
+    d->ring = malloc(data_ring_bytes(opt->depth, opt->local_batch, opt->seq_len));
     d->slot_step = malloc(depth * sizeof(int64_t));
     if (!d->ring || !d->slot_step) {
         snprintf(err, errlen, "data: out of memory for a ring of %zu batches of %zu ids; lower prefetch_depth",

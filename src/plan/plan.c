@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "data/data.h"
 #include "dist/zero.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
@@ -110,9 +111,8 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->params_bf16_bytes = p->bf16 ? n * sizeof(bf16_t) : 0;
     p->arena_bytes = p->params_bytes + p->params_bf16_bytes + p->grads_bytes + p->optimizer_bytes +
                      p->activations_bytes + p->scratch_bytes;
-    uint64_t window_bytes = (uint64_t)(d->S + 1) * sizeof(int32_t), depth = (uint64_t)cfg->prefetch_depth;
-    p->data_bytes = depth * (uint64_t)(d->B * p->micro_batches) * window_bytes +
-                    (cfg->eval_interval > 0 ? depth * (uint64_t)d->B * window_bytes : 0);
+    p->data_bytes = data_ring_bytes(cfg->prefetch_depth, d->B * p->micro_batches, d->S) +
+                    (cfg->eval_interval > 0 ? data_ring_bytes(cfg->prefetch_depth, d->B, d->S) : 0);
     p->total_bytes = p->arena_bytes + p->data_bytes;
     return 0;
 }

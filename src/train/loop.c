@@ -91,6 +91,7 @@ typedef struct loop {
      * written beside the next step (set on every rank, writer or not: they finish it together
      * before that step's update); 0: none. */
     int64_t checkpoint_async;
+    double checkpoint_wait_s; /* how long this step's update waited for it (the step's record takes it) */
     uint32_t span_checkpoint_wait;
     /* the compute thread's clock: when step 0 started, and the pauses between steps
      * (evaluations, checkpoint writes, the profile's write) */
@@ -194,8 +195,8 @@ static void checkpoint_before_update(void *arg) {
     int64_t t0 = now_ns(), span = trace_begin(l->trace);
     pthread_mutex_lock(&l->mu);
     finish_checkpoint(l, l->checkpoint_async - 1, true);
-    l->records[l->checkpoint_async].checkpoint_wait_seconds = (double)(now_ns() - t0) * 1e-9;
     pthread_mutex_unlock(&l->mu);
+    l->checkpoint_wait_s = (double)(now_ns() - t0) * 1e-9;
     trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint_wait, span, 0);
     l->checkpoint_async = 0;
 }
@@ -233,10 +234,8 @@ static void *compute_main(void *arg) {
         if (l->trace) trace_end_step(l->trace, LANE_COMPUTE, l->span_train, span, step);
         step_record_t rec = {.step = step, .loss = res.loss, .raw_grad_norm = res.raw_grad_norm,
                              .grad_norm = res.grad_norm, .seconds = (double)(end - last_end) * 1e-9,
-                             .data_wait_seconds = wait};
-        pthread_mutex_lock(&l->mu);
-        rec.checkpoint_wait_seconds = l->records[i].checkpoint_wait_seconds; /* the hook's, in train_step */
-        pthread_mutex_unlock(&l->mu);
+                             .data_wait_seconds = wait, .checkpoint_wait_seconds = l->checkpoint_wait_s};
+        l->checkpoint_wait_s = 0.0;
         if (eval_due(l->cfg, step)) {
             evaluate(l, &rec);
             end = pause_ended(&l->eval_ns, end); /* the next step's clock starts after the evaluation */
