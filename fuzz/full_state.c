@@ -45,10 +45,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const int64_t n = qwen3_num_params(&MICRO);
     if (fs.shards != 1 || fs.step < 0 || fs.updates_done < 1) abort();
     static float m[MAX_PARAMS], v[MAX_PARAMS];
-    static bf16_t m16[MAX_PARAMS];
-    if (full_state_read_moments(&fs, 0, n, m, NULL, v, err, sizeof err) != 0) fuzz_check_message(err);
-    if (full_state_read_moments(&fs, 3, n - 5, m, NULL, v, err, sizeof err) != 0) fuzz_check_message(err);
-    if (full_state_read_moments(&fs, 1, n - 2, NULL, m16, v, err, sizeof err) != 0) fuzz_check_message(err);
+    static bf16_t m16[MAX_PARAMS], v16[MAX_PARAMS];
+    if (full_state_read_moments(&fs, 0, n, m, NULL, v, NULL, err, sizeof err) != 0) fuzz_check_message(err);
+    if (full_state_read_moments(&fs, 3, n - 5, m, NULL, v, NULL, err, sizeof err) != 0) fuzz_check_message(err);
+    if (full_state_read_moments(&fs, 1, n - 2, NULL, m16, v, NULL, err, sizeof err) != 0) fuzz_check_message(err);
+    if (full_state_read_moments(&fs, 2, n - 2, NULL, m16, NULL, v16, err, sizeof err) != 0) fuzz_check_message(err);
     full_state_close(&fs);
     return 0;
 }

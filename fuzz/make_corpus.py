@@ -38,6 +38,8 @@ put("config_yaml", "null.yml", "steps: ~\nrun_name: null\n")
 put("config_yaml", "syntax.yml", "steps: [3\n")
 put("config_yaml", "preset_missing.yml", "model_name: qwen9-1t\n")
 put("config_yaml", "preset_path.yml", "model_name: ../base\n")
+put("config_yaml", "bf16_weights.yml", "dtype: bfloat16\nweight_dtype: bf16\nmu_dtype: float32\n")
+put("config_yaml", "bf16_weights_fp32.yml", "weight_dtype: bfloat16\n")
 put("config_yaml", "quoted.yml", "run_name: 'a\"b\\\\c'\nbase_output_directory: \"out dir\"\n")
 put("config_yaml", "huge_int.yml", "steps: 99999999999999999999999\nvocab_size: 9223372036854775807\n")
 
@@ -191,3 +193,6 @@ put("full_state", "bf16_moments", safetensors([("exp_avg", [N_MICRO]), ("exp_avg
                                               meta=STATE_META))
 # mu_dtype=bfloat16's file: exp_avg in BF16 after exp_avg_sq in F32 (valid)
 put("full_state", "bf16_mu", safetensors([("exp_avg_sq", [N_MICRO]), ("exp_avg", [N_MICRO], "BF16")], meta=STATE_META))
+# weight_dtype=bfloat16's file: both moments in BF16 (valid)
+put("full_state", "bf16_weights", safetensors([("exp_avg_sq", [N_MICRO], "BF16"), ("exp_avg", [N_MICRO], "BF16")],
+                                              meta=STATE_META))

@@ -99,7 +99,7 @@ static void test_write_and_read_back(void **state) {
     float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
     qwen3_init_params(a, &d, 3);
     checkpoint_written_t w;
-    assert_int_equal(checkpoint_write(&cfg, &d, a, NULL, 2, &w, err, sizeof err), 0);
+    assert_int_equal(checkpoint_write(&cfg, &d, a, NULL, NULL, 2, &w, err, sizeof err), 0);
     assert_int_equal(checkpoint_finish(&cfg, &d, 2, err, sizeof err), 0);
     assert_int_equal(w.step, 2);
     assert_true(w.seconds > 0.0);
@@ -137,7 +137,7 @@ static void test_write_and_read_back(void **state) {
     fclose(f);
     assert_int_equal(checkpoint_check(&cfg, &d, 0, err, sizeof err), -1);
     assert_non_null(strstr(err, "is not a folder"));
-    assert_int_equal(checkpoint_write(&cfg, &d, a, NULL, 4, &w, err, sizeof err), -1);
+    assert_int_equal(checkpoint_write(&cfg, &d, a, NULL, NULL, 4, &w, err, sizeof err), -1);
     assert_non_null(strstr(err, "cannot create"));
     assert_int_equal(unlink(dir), 0);
     snprintf(dir, sizeof dir, "%s/r", base);
@@ -155,7 +155,7 @@ static void write_shard(const config_t *cfg, const qwen3_dims_t *d, const float 
                                        .updates_done = updates, .index = k, .shards = shards};
     checkpoint_written_t w;
     char err[600];
-    assert_int_equal(checkpoint_write(cfg, d, k == 0 ? params : NULL, &sh, step, &w, err, sizeof err), 0);
+    assert_int_equal(checkpoint_write(cfg, d, k == 0 ? params : NULL, NULL, &sh, step, &w, err, sizeof err), 0);
     assert_true(w.bytes >= (uint64_t)count * 8);
 }
 
@@ -213,7 +213,7 @@ static void test_full_state_in_shards(void **state) {
         for (int k = 0; k < ranks; k++) {
             int64_t lo, count;
             zero_shard_range(n, ranks, k, &lo, &count);
-            assert_int_equal(full_state_read_moments(&fs, lo, count, m2 + lo, NULL, v2 + lo, err, sizeof err), 0);
+            assert_int_equal(full_state_read_moments(&fs, lo, count, m2 + lo, NULL, v2 + lo, NULL, err, sizeof err), 0);
         }
         assert_memory_equal(m, m2, (size_t)n * sizeof(float));
         assert_memory_equal(v, v2, (size_t)n * sizeof(float));
@@ -229,7 +229,7 @@ static void test_full_state_in_shards(void **state) {
     assert_int_equal(checkpoint_finish(&cfg, &d, 2, err, sizeof err), 0);
     assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 2), 0);
     assert_int_equal(full_state_open(&fs, folder, &d, err, sizeof err), 0);
-    assert_int_equal(full_state_read_moments(&fs, 0, n, m2, NULL, v2, err, sizeof err), 0);
+    assert_int_equal(full_state_read_moments(&fs, 0, n, m2, NULL, v2, NULL, err, sizeof err), 0);
     assert_memory_equal(m, m2, (size_t)n * sizeof(float));
     full_state_close(&fs);
 
@@ -260,7 +260,7 @@ static void test_full_state_in_shards(void **state) {
     assert_int_equal(checkpoint_check(&cfg, &d, 0, err, sizeof err), 0);
     assert_int_not_equal(stat(file, &st), 0);
     checkpoint_written_t w;
-    assert_int_equal(checkpoint_write(&cfg, &d, p, NULL, 9, &w, err, sizeof err), 0); /* parameters only */
+    assert_int_equal(checkpoint_write(&cfg, &d, p, NULL, NULL, 9, &w, err, sizeof err), 0); /* parameters only */
     assert_int_equal(checkpoint_finish(&cfg, &d, 9, err, sizeof err), 0);
     assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 9), 0);
     expect_refused(folder, &d, "has no optimizer_state files: it holds parameters only; start a run from them with "
@@ -298,7 +298,7 @@ static void test_full_state_moment_dtypes(void **state) {
         checkpoint_optimizer_shard_t sh = {.m16 = m16 + lo, .v = v + lo, .lo = lo, .count = count, .num_params = n,
                                            .updates_done = 4, .index = k, .shards = 2};
         checkpoint_written_t w;
-        assert_int_equal(checkpoint_write(&cfg, &d, k == 0 ? p : NULL, &sh, 3, &w, err, sizeof err), 0);
+        assert_int_equal(checkpoint_write(&cfg, &d, k == 0 ? p : NULL, NULL, &sh, 3, &w, err, sizeof err), 0);
     }
     assert_int_equal(checkpoint_finish(&cfg, &d, 3, err, sizeof err), 0);
     assert_int_equal(checkpoint_folder(folder, sizeof folder, &cfg, 3), 0);
@@ -311,10 +311,10 @@ static void test_full_state_moment_dtypes(void **state) {
     full_state_t fs;
     assert_int_equal(full_state_open(&fs, folder, &d, err, sizeof err), 0);
     memset(m16b, 0xff, (size_t)n * sizeof(bf16_t));
-    assert_int_equal(full_state_read_moments(&fs, 0, n, NULL, m16b, v2, err, sizeof err), 0);
+    assert_int_equal(full_state_read_moments(&fs, 0, n, NULL, m16b, v2, NULL, err, sizeof err), 0);
     assert_memory_equal(m16, m16b, (size_t)n * sizeof(bf16_t));
     assert_memory_equal(v, v2, (size_t)n * sizeof(float));
-    assert_int_equal(full_state_read_moments(&fs, 0, n, m2, NULL, v2, err, sizeof err), 0);
+    assert_int_equal(full_state_read_moments(&fs, 0, n, m2, NULL, v2, NULL, err, sizeof err), 0);
     for (int64_t i = 0; i < n; i++) assert_true(m2[i] == bf16_to_f32(m16[i]));
     full_state_close(&fs);
     /* an fp32 m, read into bf16 */
@@ -324,7 +324,7 @@ static void test_full_state_moment_dtypes(void **state) {
     assert_int_equal(full_state_open(&fs, folder, &d, err, sizeof err), 0);
     int64_t lo, count;
     zero_shard_range(n, 2, 1, &lo, &count);
-    assert_int_equal(full_state_read_moments(&fs, lo, count, NULL, m16b + lo, v2 + lo, err, sizeof err), 0);
+    assert_int_equal(full_state_read_moments(&fs, lo, count, NULL, m16b + lo, v2 + lo, NULL, err, sizeof err), 0);
     assert_memory_equal(m16 + lo, m16b + lo, (size_t)count * sizeof(bf16_t));
     full_state_close(&fs);
     free(m16), free(m16b);

@@ -392,8 +392,13 @@ static void test_unsupported(void **state) {
     assert_true(ck.enable_checkpointing);
     assert_int_equal(ck.checkpoint_period, 3);
     char *b[] = {"weight_dtype=bfloat16"};
-    expect_error("configs/base.yml", 1, b, "weight_dtype=bfloat16",
-                 "master weights are float32 only", NULL);
+    expect_error("configs/base.yml", 1, b, "weight_dtype=bfloat16 (command line) needs dtype=bfloat16",
+                 "set dtype=bfloat16, or weight_dtype=float32", NULL);
+    config_t w16;
+    char *w16_ok[] = {"weight_dtype=bf16", "dtype=bfloat16"};
+    expect_ok(&w16, "configs/base.yml", 2, w16_ok);
+    assert_int_equal(w16.weight_dtype, DTYPE_BFLOAT16);
+    assert_int_equal(config_mu_dtype(&w16), DTYPE_BFLOAT16); /* mu_dtype "" follows it */
     config_t async;
     char *as[] = {"async_checkpointing=true"};
     expect_ok(&async, "configs/base.yml", 1, as);
@@ -449,7 +454,7 @@ static void test_print_and_help(void **state) {
                                 "[--version]\n"));
     assert_non_null(strstr(buf, "override_model_config"));
     assert_non_null(strstr(buf, "[0, 1)"));
-    assert_non_null(strstr(buf, "supported now: float32"));
+    assert_non_null(strstr(buf, "or bfloat16 (with dtype=bfloat16; no fp32 copy"));
     free(buf);
 
     assert_string_equal(dtype_name(DTYPE_FLOAT32), "float32");

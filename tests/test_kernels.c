@@ -1262,6 +1262,16 @@ static void test_embed(void **state) {
     for (int64_t t = 0; t < T; t++)
         assert_memory_equal(c.out + t * c.D, c.table + tok[(t / c.S) * c.ld_tok + t % c.S] * c.D,
                             (size_t)c.D * sizeof(float));
+    /* From a bf16 table: the rows widened exactly (weight_dtype=bfloat16). */
+    bf16_t *table16 = malloc((size_t)(V * c.D) * sizeof(bf16_t));
+    float *out16 = falloc((size_t)(T * c.D));
+    bf16_from_f32_array(table16, c.table, V * c.D);
+    embed_forward_bf16(out16, c.D, tok, c.ld_tok, table16, c.B, c.S, c.D);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < c.D; j++)
+            if (out16[t * c.D + j] != bf16_to_f32(table16[tok[(t / c.S) * c.ld_tok + t % c.S] * c.D + j]))
+                fail_msg("embed_forward_bf16: row %ld column %ld is not the table's widened", (long)t, (long)j);
+    free(table16), free(out16);
 
     float *d0 = falloc((size_t)(V * c.D)), *dt = falloc((size_t)(V * c.D));
     double *ref = dalloc((size_t)(V * c.D));
@@ -1563,6 +1573,56 @@ static void test_adamw_update_m16(void **state) {
             if (m16[i] != bf16_from_f32(m[i])) fail_msg("step %ld: m16[%ld] is not bf16(m)", (long)step, (long)i);
     }
     free(p), free(m), free(v), free(g), free(p2), free(v2), free(m16), free(p16), free(p16b);
+}
+
+/* adamw_update_w16 (weight_dtype=bfloat16) is adamw_update on the widened values, rounded: from
+ * the same state, each of p, v (and m16) equals bf16 of the fp32 update's, and an fp32 m equals
+ * it, to the bit, over 3 steps and 3 blocks (the fp32 update re-widened from the bf16 state each
+ * step, since that is all the bf16 update keeps). The bf16 weights also take decay and steps
+ * smaller than half their last place as nothing, as MaxText's bf16 parameters do: a weight of 1
+ * stays 1 under a 1e-4 step. */
+static void test_adamw_update_w16(void **state) {
+    (void)state;
+    test_rng_t rng = {63};
+    const int64_t n = 2 * 2048 + 901;
+    const adamw_hparams_t hp = {.lr = 1e-2f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    float *p = falloc(n), *m = falloc(n), *v = falloc(n), *g = falloc(n), *m32 = falloc(n);
+    bf16_t *p16 = malloc((size_t)n * sizeof(bf16_t)), *m16 = calloc((size_t)n, sizeof(bf16_t)),
+           *v16 = calloc((size_t)n, sizeof(bf16_t)), *p16b = malloc((size_t)n * sizeof(bf16_t)),
+           *v16b = calloc((size_t)n, sizeof(bf16_t));
+    fill_uniform(p, n, &rng, -1.0f, 1.0f);
+    bf16_from_f32_array(p16, p, n);
+    memcpy(p16b, p16, (size_t)n * sizeof(bf16_t));
+    fill_const(m32, n, 0.0f);
+    for (int64_t step = 1; step <= 3; step++) {
+        fill_uniform(g, n, &rng, -2.0f, 2.0f);
+        for (int64_t i = 0; i < n; i++)
+            p[i] = bf16_to_f32(p16[i]), m[i] = bf16_to_f32(m16[i]), v[i] = bf16_to_f32(v16[i]);
+        float *g_before = fdup(g, (size_t)n), *v_fp32_m = falloc(n);
+        adamw_update(p, m, v, g, n, step, 0.5f, &hp, NULL);
+        adamw_update_w16(p16, NULL, m16, v16, g, n, step, 0.5f, &hp);
+        assert_memory_equal(g, g_before, (size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) {
+            if (p16[i] != bf16_from_f32(p[i]) || m16[i] != bf16_from_f32(m[i]) || v16[i] != bf16_from_f32(v[i]))
+                fail_msg("step %ld: p, m or v [%ld] is not bf16 of the fp32 update's", (long)step, (long)i);
+        }
+        /* m in fp32 beside bf16 p and v: the same, with m exactly the fp32 update's. */
+        for (int64_t i = 0; i < n; i++)
+            p[i] = bf16_to_f32(p16b[i]), v_fp32_m[i] = bf16_to_f32(v16b[i]), m[i] = m32[i];
+        adamw_update(p, m, v_fp32_m, g, n, step, 0.5f, &hp, NULL);
+        adamw_update_w16(p16b, m32, NULL, v16b, g, n, step, 0.5f, &hp);
+        assert_memory_equal(m32, m, (size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            if (p16b[i] != bf16_from_f32(p[i]) || v16b[i] != bf16_from_f32(v_fp32_m[i]))
+                fail_msg("step %ld, fp32 m: p or v [%ld] is not bf16 of the fp32 update's", (long)step, (long)i);
+        free(g_before), free(v_fp32_m);
+    }
+    bf16_t one = bf16_from_f32(1.0f), mo = 0, vo = bf16_from_f32(1.0f);
+    const float tiny_step = 1e-4f; /* below half of 1's last place in bf16 (2^-8 = 3.9e-3) */
+    const adamw_hparams_t small = {.lr = 1e-4f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    adamw_update_w16(&one, NULL, &mo, &vo, &tiny_step, 1, 5, 1.0f, &small);
+    assert_int_equal(one, bf16_from_f32(1.0f));
+    free(p), free(m), free(v), free(g), free(m32), free(p16), free(m16), free(v16), free(p16b), free(v16b);
 }
 
 /* Σ g² over 3 full blocks and a partial one against double: each float partial sums 1024
@@ -2039,6 +2099,7 @@ int main(void) {
         cmocka_unit_test(test_vf_exp_accuracy),
         cmocka_unit_test(test_adamw_update),
         cmocka_unit_test(test_adamw_update_m16),
+        cmocka_unit_test(test_adamw_update_w16),
         cmocka_unit_test(test_adamw_sum_squares),
         cmocka_unit_test(test_adamw_clip_scale),
         {"test_attention_forward (micro-GEMM blocks)", test_attention_forward, NULL, NULL, NULL},

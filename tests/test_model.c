@@ -331,6 +331,51 @@ static void test_bf16_against_reference(void **st) {
     check_bf16_against_reference("padded");
 }
 
+/* weight_dtype=bfloat16 is dtype=bfloat16 on weights that bf16 holds exactly: the matmuls read
+ * the same bf16 values, the embedding and the norms their widened values, so with the fp32
+ * master weights rounded to bf16 first the loss and every gradient are the same bits. After one
+ * step its bf16 weights are bf16 of the master weights' update (the moments start at zero and
+ * the update uses their unrounded values). Its plan holds 2 bytes a parameter and the norm
+ * weights in fp32 where the master and its copy take 6, and no bf16 copy. */
+static void test_bf16_weights_are_bf16_runs_on_rounded_weights(void **st) {
+    (void)st;
+    fixture_t f;
+    load_fixture(&f, "tied_gqa", "dense");
+    train_state_destroy(&f.state);
+    char err[256];
+    f.cfg.dtype = DTYPE_BFLOAT16;
+    assert_int_equal(plan_build(&f.plan, &f.cfg, 2, 1, err, sizeof err), 0);
+    assert_int_equal(train_state_create(&f.state, &f.cfg, &f.plan, NULL, NULL, err, sizeof err), 0);
+    const int64_t n = f.plan.num_params;
+    for (int64_t i = 0; i < n; i++) f.state.params[i] = bf16_to_f32(f.state.params_bf16[i]);
+    config_t cfg16 = f.cfg;
+    cfg16.weight_dtype = DTYPE_BFLOAT16;
+    plan_t plan16;
+    assert_int_equal(plan_build(&plan16, &cfg16, 2, 1, err, sizeof err), 0);
+    assert_true(plan16.weights_bf16 && plan16.mu_bf16);
+    assert_int_equal(plan16.params_bf16_bytes, 0);
+    assert_int_equal(plan16.params_bytes, (uint64_t)(n * 2 + 63) / 64 * 64 + (uint64_t)qwen3_vector_floats(&plan16.dims) * 4);
+    train_state_t s16;
+    assert_int_equal(train_state_create(&s16, &cfg16, &plan16, NULL, NULL, err, sizeof err), 0);
+    assert_null(s16.params);
+    assert_memory_equal(s16.params_bf16, f.state.params_bf16, (size_t)n * sizeof(bf16_t));
+    double loss = qwen3_forward_backward(f.state.model, f.tokens), loss16 = qwen3_forward_backward(s16.model, f.tokens);
+    assert_true(loss == loss16);
+    assert_memory_equal(f.state.grads, s16.grads, (size_t)n * sizeof(float));
+    step_result_t r, r16;
+    train_step(&f.state, f.tokens, &r);
+    train_step(&s16, f.tokens, &r16);
+    assert_true(r.loss == r16.loss && r.raw_grad_norm == r16.raw_grad_norm);
+    assert_memory_equal(s16.params_bf16, f.state.params_bf16, (size_t)n * sizeof(bf16_t));
+    /* The norm weights the kernels read follow the update. */
+    float *vec = malloc((size_t)qwen3_vector_floats(&plan16.dims) * sizeof(float));
+    qwen3_widen_vectors(vec, &plan16.dims, s16.params_bf16);
+    assert_memory_equal(vec, s16.vectors32, (size_t)qwen3_vector_floats(&plan16.dims) * sizeof(float));
+    free(vec);
+    train_state_destroy(&s16);
+    free_fixture(&f);
+}
+
 /* grad_sumsq_total: recorded ranges (given out of order, one at the buffer's end) stand for
  * their values, which are then not read (NaN there leaves the total finite); the gaps are read.
  * Against Σ g² in double: float partials of 1024 positive squares (≤ 1024 · 2⁻²⁴ ≈ 6e-5
@@ -678,6 +723,7 @@ int main(void) {
         cmocka_unit_test(test_init_statistics_and_determinism),
         cmocka_unit_test(test_save_load_round_trip),
         cmocka_unit_test(test_bf16_against_reference),
+        cmocka_unit_test(test_bf16_weights_are_bf16_runs_on_rounded_weights),
         cmocka_unit_test(test_grad_sumsq_total),
         cmocka_unit_test(test_bf16_grad_norm_from_products),
         cmocka_unit_test(test_bf16_loss_curve_tracks_fp32),

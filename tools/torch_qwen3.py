@@ -50,6 +50,9 @@ def resolved_plan(overrides, binary=DEFAULT_BIN, config=DEFAULT_CONFIG):
     if micro != 1:
         raise RuntimeError(f"gradient_accumulation_steps={micro}: the reference takes one batch a step; compare "
                            f"with per_device_batch_size={int(plan['per_device_batch_size']) * micro} (the same update)")
+    if plan.get("weight_dtype", "").startswith("bfloat16"):
+        raise RuntimeError("weight_dtype=bfloat16: the reference keeps fp32 parameters and AdamW moments; compare "
+                           "with weight_dtype=float32")
     if plan.get("mu_dtype", "").startswith("bfloat16"):
         raise RuntimeError("mu_dtype=bfloat16: the reference keeps torch AdamW's fp32 moments; compare with "
                            "mu_dtype=float32")

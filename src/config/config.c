@@ -549,6 +549,10 @@ static int check_cross(loader_t *L) {
         return fail(L, "eval_dataset_path=%s %s is only used with dataset_type=tokens (synthetic data evaluates on "
                        "a batch of seed data_seed + 1); set dataset_type=tokens or eval_dataset_path=\"\"",
                     c->eval_dataset_path, ORIGIN(eval_dataset_path));
+    if (c->weight_dtype == DTYPE_BFLOAT16 && c->dtype != DTYPE_BFLOAT16)
+        return fail(L, "weight_dtype=bfloat16 %s needs dtype=bfloat16 %s (the matmuls read the bf16 weights as they "
+                       "are); set dtype=bfloat16, or weight_dtype=float32",
+                    ORIGIN(weight_dtype), ORIGIN(dtype));
     if (c->load_parameters_path[0] && c->load_full_state_path[0])
         return fail(L, "load_parameters_path=%s %s and load_full_state_path=%s %s: at most one of them; "
                        "load_full_state_path resumes a run (parameters and optimizer state), "

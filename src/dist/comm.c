@@ -132,4 +132,10 @@ void comm_allgather_f32(comm_t *c, float *buf, const int *counts) {
     comm_backend_allgather_f32(c->be, buf, counts);
 }
 
+void comm_allgather_u16(comm_t *c, uint16_t *buf, const int *counts) {
+    if (c->size == 1) return;
+    c->bytes_sent += ring_share(c, total_floats(c, counts) * sizeof(uint16_t));
+    comm_backend_allgather_u16(c->be, buf, counts);
+}
+
 uint64_t comm_bytes_sent(const comm_t *c) { return c->bytes_sent; }

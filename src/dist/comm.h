@@ -55,6 +55,8 @@ void comm_bcast_i64(comm_t *c, int64_t *buf, int n, int root);
 void comm_reduce_scatter_f32(comm_t *c, const float *send, float *recv, const int *counts);
 /* buf[Σ counts]: rank r's block starts at Σ counts[<r]; every rank ends with all blocks. */
 void comm_allgather_f32(comm_t *c, float *buf, const int *counts);
+/* The same over 16-bit values (bf16 parameters: weight_dtype=bfloat16). */
+void comm_allgather_u16(comm_t *c, uint16_t *buf, const int *counts);
 
 /* Bytes this rank sent through c's collectives so far (ring model, see above). */
 uint64_t comm_bytes_sent(const comm_t *c);

@@ -21,5 +21,6 @@ void comm_backend_allreduce_f32(comm_backend_t *c, float *buf, int n);
 void comm_backend_bcast_i64(comm_backend_t *c, int64_t *buf, int n, int root);
 void comm_backend_reduce_scatter_f32(comm_backend_t *c, const float *send, float *recv, const int *counts);
 void comm_backend_allgather_f32(comm_backend_t *c, float *buf, const int *counts);
+void comm_backend_allgather_u16(comm_backend_t *c, uint16_t *buf, const int *counts);
 
 #endif

@@ -144,7 +144,7 @@ void comm_backend_reduce_scatter_f32(comm_backend_t *c, const float *send, float
     wait_request(&req);
 }
 
-void comm_backend_allgather_f32(comm_backend_t *c, float *buf, const int *counts) {
+static void allgather(comm_backend_t *c, void *buf, const int *counts, MPI_Datatype type) {
     int size;
     MPI_Comm_size(c->comm, &size);
     int off = 0;
@@ -153,6 +153,14 @@ void comm_backend_allgather_f32(comm_backend_t *c, float *buf, const int *counts
         off += counts[r];
     }
     MPI_Request req;
-    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, c->displs, MPI_FLOAT, c->comm, &req);
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, c->displs, type, c->comm, &req);
     wait_request(&req);
+}
+
+void comm_backend_allgather_f32(comm_backend_t *c, float *buf, const int *counts) {
+    allgather(c, buf, counts, MPI_FLOAT);
+}
+
+void comm_backend_allgather_u16(comm_backend_t *c, uint16_t *buf, const int *counts) {
+    allgather(c, buf, counts, MPI_UINT16_T);
 }

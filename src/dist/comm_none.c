@@ -54,3 +54,8 @@ void comm_backend_allgather_f32(comm_backend_t *c, float *buf, const int *counts
     (void)c, (void)buf, (void)counts;
     unreachable("allgather");
 }
+
+void comm_backend_allgather_u16(comm_backend_t *c, uint16_t *buf, const int *counts) {
+    (void)c, (void)buf, (void)counts;
+    unreachable("allgather");
+}

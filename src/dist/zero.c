@@ -86,7 +86,8 @@ static void run_gather(zero_t *z) {
     for (int64_t a = 0; a < o->num_params; a += MAX_PIECE) {
         int64_t b = a + MAX_PIECE < o->num_params ? a + MAX_PIECE : o->num_params;
         split(z, a, b);
-        comm_allgather_f32(o->shard, o->params + a, z->counts);
+        if (o->params16) comm_allgather_u16(o->shard, o->params16 + a, z->counts);
+        else comm_allgather_f32(o->shard, o->params + a, z->counts);
     }
     trace_end(o->trace, o->comm_lane, z->span_gather, t0, 0);
 }

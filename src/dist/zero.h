@@ -34,7 +34,8 @@ typedef struct zero_options {
     comm_t *shard;        /* the ranks that split the optimizer state */
     comm_t *replica;      /* the ranks that hold the same shard */
     int64_t num_params;   /* n */
-    float *params;        /* [n] */
+    float *params;        /* [n]; NULL with params16 */
+    uint16_t *params16;   /* [n] bf16 parameters (weight_dtype=bfloat16), gathered instead of params */
     float *grads;         /* [n], this rank's accumulated gradients */
     float *grad_shard;    /* [shard count]: the reduced gradients of this rank's shard; equals grads
                              when the shard group has one rank */

@@ -33,37 +33,88 @@ float adamw_clip_scale(double raw_norm, double clip) {
     return coef < 1.0 ? (float)coef : 1.0f;
 }
 
-/* One pass over n parameters with m in fp32 (m16 NULL) or bf16 (m NULL): each wrapper below
- * passes one of them as a constant NULL, so each inlines to its own loop. */
-static inline __attribute__((always_inline)) void update(float *p, float *m, bf16_t *m16, float *v, const float *g,
-                                                         int64_t n, int64_t step, float grad_scale,
-                                                         const adamw_hparams_t *h, bf16_t *p_bf16) {
-    const float b1 = h->b1, b2 = h->b2, eps = h->eps;
-    const float bc1 = (float)(1.0 - pow(h->b1, (double)step));
-    const float bc2_sqrt = (float)sqrt(1.0 - pow(h->b2, (double)step));
-    const float step_size = h->lr / bc1;
-    const float decay = 1.0f - h->lr * h->weight_decay;
-    /* Blocks small enough that the bf16 copies read p and m back from L1, not memory. */
+/* The update's constants for one step. */
+typedef struct adamw_step {
+    float b1, b2, eps, bc2_sqrt, step_size, decay, grad_scale;
+} adamw_step_t;
+
+static adamw_step_t step_constants(const adamw_hparams_t *h, int64_t step, float grad_scale) {
+    return (adamw_step_t){.b1 = h->b1, .b2 = h->b2, .eps = h->eps,
+                          .bc2_sqrt = (float)sqrt(1.0 - pow(h->b2, (double)step)),
+                          .step_size = h->lr / (float)(1.0 - pow(h->b1, (double)step)),
+                          .decay = 1.0f - h->lr * h->weight_decay, .grad_scale = grad_scale};
+}
+
+/* One block [i0, i1) of each form, a loop of its own so that each vectorises. A bf16 operand
+ * is widened, updated in fp32 and stored rounded to nearest even once its block is done (from
+ * *_new, this block's fp32 values); this step's update uses the unrounded values. */
+static inline void block_f32(float *p, float *m, float *v, const float *g, int64_t i0, int64_t i1,
+                             const adamw_step_t *c) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+        float gi = g[i] * c->grad_scale;
+        float mi = c->b1 * m[i] + (1.0f - c->b1) * gi, vi = c->b2 * v[i] + (1.0f - c->b2) * gi * gi;
+        m[i] = mi, v[i] = vi;
+        p[i] = p[i] * c->decay - c->step_size * mi / (sqrtf(vi) / c->bc2_sqrt + c->eps);
+    }
+}
+
+static inline void block_m16(float *p, bf16_t *m16, float *m_new, float *v, const float *g, int64_t i0, int64_t i1,
+                             const adamw_step_t *c) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+        float gi = g[i] * c->grad_scale;
+        float mi = c->b1 * bf16_to_f32(m16[i]) + (1.0f - c->b1) * gi, vi = c->b2 * v[i] + (1.0f - c->b2) * gi * gi;
+        m_new[i - i0] = mi, v[i] = vi;
+        p[i] = p[i] * c->decay - c->step_size * mi / (sqrtf(vi) / c->bc2_sqrt + c->eps);
+    }
+    bf16_from_f32_block(m16 + i0, m_new, i1 - i0);
+}
+
+/* weight_dtype=bfloat16: p and v in bf16, m in fp32 (m) or bf16 (m16; the other NULL). */
+static inline void block_w16(bf16_t *p16, float *m, bf16_t *m16, bf16_t *v16, float *p_new, float *m_new,
+                             float *v_new, const float *g, int64_t i0, int64_t i1, const adamw_step_t *c) {
+    if (m16) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) {
+            float gi = g[i] * c->grad_scale;
+            float mi = c->b1 * bf16_to_f32(m16[i]) + (1.0f - c->b1) * gi;
+            float vi = c->b2 * bf16_to_f32(v16[i]) + (1.0f - c->b2) * gi * gi;
+            m_new[i - i0] = mi, v_new[i - i0] = vi;
+            p_new[i - i0] = bf16_to_f32(p16[i]) * c->decay - c->step_size * mi / (sqrtf(vi) / c->bc2_sqrt + c->eps);
+        }
+        bf16_from_f32_block(m16 + i0, m_new, i1 - i0);
+    } else {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) {
+            float gi = g[i] * c->grad_scale;
+            float mi = c->b1 * m[i] + (1.0f - c->b1) * gi;
+            float vi = c->b2 * bf16_to_f32(v16[i]) + (1.0f - c->b2) * gi * gi;
+            m[i] = mi, v_new[i - i0] = vi;
+            p_new[i - i0] = bf16_to_f32(p16[i]) * c->decay - c->step_size * mi / (sqrtf(vi) / c->bc2_sqrt + c->eps);
+        }
+    }
+    bf16_from_f32_block(v16 + i0, v_new, i1 - i0);
+    bf16_from_f32_block(p16 + i0, p_new, i1 - i0);
+}
+
+/* One pass over n parameters: p and v in fp32 or bf16 (p16, v16; the fp32 pointer NULL), m in
+ * fp32 or bf16 (m16), in blocks small enough that the bf16 stores read their fp32 values back
+ * from L1, not memory. */
+static void update(float *p, bf16_t *p16, float *m, bf16_t *m16, float *v, bf16_t *v16, const float *g, int64_t n,
+                   int64_t step, float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16) {
+    const adamw_step_t c = step_constants(h, step, grad_scale);
     enum { BLOCK = 2048 };
     int64_t nblocks = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel
     {
-        float m_block[BLOCK]; /* with m16: this block's new m, before its rounding */
+        float p_new[BLOCK], m_new[BLOCK], v_new[BLOCK];
 #pragma omp for schedule(static) nowait
         for (int64_t b = 0; b < nblocks; b++) {
             int64_t i0 = b * BLOCK, i1 = i0 + BLOCK < n ? i0 + BLOCK : n;
-#pragma omp simd
-            for (int64_t i = i0; i < i1; i++) {
-                float gi = g[i] * grad_scale;
-                float mi = b1 * (m16 ? bf16_to_f32(m16[i]) : m[i]) + (1.0f - b1) * gi;
-                float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-                if (m16) m_block[i - i0] = mi;
-                else m[i] = mi;
-                v[i] = vi;
-                float denom = sqrtf(vi) / bc2_sqrt + eps;
-                p[i] = p[i] * decay - step_size * mi / denom;
-            }
-            if (m16) bf16_from_f32_block(m16 + i0, m_block, i1 - i0);
+            if (p16) block_w16(p16, m, m16, v16, p_new, m_new, v_new, g, i0, i1, &c);
+            else if (m16) block_m16(p, m16, m_new, v, g, i0, i1, &c);
+            else block_f32(p, m, v, g, i0, i1, &c);
             /* Streamed: the copy is read next by the forward's GEMMs, from memory (1.2 GB for
              * qwen3-0.6b), so its lines need not be read for ownership first. The update ran 1.056x
              * (qwen3-0.6b's 596M parameters, old and new alternated, Zen 5, 2026-12-04). */
@@ -75,10 +126,15 @@ static inline __attribute__((always_inline)) void update(float *p, float *m, bf1
 
 void adamw_update(float *p, float *m, float *v, const float *g, int64_t n, int64_t step,
                   float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16) {
-    update(p, m, NULL, v, g, n, step, grad_scale, h, p_bf16);
+    update(p, NULL, m, NULL, v, NULL, g, n, step, grad_scale, h, p_bf16);
 }
 
 void adamw_update_m16(float *p, bf16_t *m, float *v, const float *g, int64_t n, int64_t step,
                       float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16) {
-    update(p, NULL, m, v, g, n, step, grad_scale, h, p_bf16);
+    update(p, NULL, NULL, m, v, NULL, g, n, step, grad_scale, h, p_bf16);
+}
+
+void adamw_update_w16(bf16_t *p, float *m, bf16_t *m16, bf16_t *v, const float *g, int64_t n, int64_t step,
+                      float grad_scale, const adamw_hparams_t *h) {
+    update(NULL, p, m, m16, NULL, v, g, n, step, grad_scale, h, NULL);
 }

@@ -38,4 +38,11 @@ void adamw_update(float *p, float *m, float *v, const float *g, int64_t n, int64
 void adamw_update_m16(float *p, bf16_t *m, float *v, const float *g, int64_t n, int64_t step,
                       float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16);
 
+/* weight_dtype=bfloat16 (MaxText's, optax's adamw over bf16 parameters): p and v in bf16, m in
+ * fp32 (m, with m16 NULL) or bf16 (m16, with m NULL; mu_dtype), g in fp32. Each bf16 value is
+ * widened, updated in fp32 and stored rounded to nearest even, so an update smaller than half
+ * of p's last place leaves p as it was, as in MaxText. 14 bytes a parameter with m16. */
+void adamw_update_w16(bf16_t *p, float *m, bf16_t *m16, bf16_t *v, const float *g, int64_t n, int64_t step,
+                      float grad_scale, const adamw_hparams_t *h);
+
 #endif

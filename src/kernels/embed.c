@@ -29,3 +29,14 @@ void embed_backward(float *dtable, const float *dout, int64_t ld_dout, const int
         }
     }
 }
+
+void embed_forward_bf16(float *out, int64_t ld_out, const int32_t *tokens, int64_t ld_tokens, const bf16_t *table,
+                        int64_t B, int64_t S, int64_t D) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < B * S; t++) {
+        const bf16_t *row = table + (int64_t)tokens[(t / S) * ld_tokens + t % S] * D;
+        float *o = out + t * ld_out;
+#pragma omp simd
+        for (int64_t c = 0; c < D; c++) o[c] = bf16_to_f32(row[c]);
+    }
+}

@@ -463,9 +463,9 @@ static int write_summary_json(FILE *f, void *ctx, char *err, size_t errlen) {
     json_write_string(f, c->run_name);
     fputs(",\n  \"model_name\": ", f);
     json_write_string(f, c->model_name);
-    fprintf(f, ",\n  \"dtype\": \"%s\",\n  \"per_device_batch_size\": %lld,\n  \"max_target_length\": %lld,\n"
-               "  \"num_threads\": %d,\n  \"num_ranks\": %d,\n",
-            dtype_name(c->dtype), (long long)r->plan.dims.B, (long long)r->plan.dims.S, r->plan.num_threads,
+    fprintf(f, ",\n  \"dtype\": \"%s\",\n  \"weight_dtype\": \"%s\",\n  \"per_device_batch_size\": %lld,\n"
+               "  \"max_target_length\": %lld,\n  \"num_threads\": %d,\n  \"num_ranks\": %d,\n",
+            dtype_name(c->dtype), dtype_name(c->weight_dtype), (long long)r->plan.dims.B, (long long)r->plan.dims.S, r->plan.num_threads,
             r->plan.num_ranks);
     fprintf(f, "  \"steps_logged\": %lld,\n  \"summary_first_step\": %lld,\n  \"summary_last_step\": %lld,\n",
             (long long)r->num_logged, (long long)r->first_step + 1, (long long)(r->first_step + r->num_logged - 1));

@@ -242,9 +242,8 @@ typedef struct op_names {
 struct qwen3_model {
     qwen3_dims_t d;
     qwen3_options_t opt;
-    qwen3_params_t w, dw;
-    const float *params;     /* base of w, to find a weight's bf16 copy at the same offset */
-    const bf16_t *params16;  /* bf16 runs: bf16(params), kept current by the optimizer */
+    qwen3_params_t w, dw;    /* with weights_bf16, w has the norm weights only (qwen3_params_view_vectors) */
+    qwen3_params16_t w16;    /* bf16 runs: the matmuls' weights (bf16(w), kept current by the optimizer) */
     float *stream;        /* [L+1, T, D]: the input of every layer, then the final residual */
     float *acts_base;
     layer_acts_t *acts;   /* [L], or [1] under full remat */
@@ -358,7 +357,11 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     if (!m || !(m->acts = calloc((size_t)nacts, sizeof *m->acts)) ||
         !(m->names.layer_fwd = calloc((size_t)d->L, sizeof(uint32_t))) ||
         !(m->names.layer_bwd = calloc((size_t)d->L, sizeof(uint32_t))) ||
-        qwen3_params_view(&m->w, d, params) != 0 || qwen3_params_view(&m->dw, d, grads) != 0 ||
+        (opt->weights_bf16 ? qwen3_params_view_vectors(&m->w, d, params) : qwen3_params_view(&m->w, d, params)) != 0 ||
+        qwen3_params_view(&m->dw, d, grads) != 0 ||
+        /* fp32 runs: a view of NULL weights, which their matmuls do not read */
+        (params_bf16 ? qwen3_params16_view(&m->w16, d, params_bf16) != 0
+                     : !(m->w16.layers = calloc((size_t)d->L, sizeof *m->w16.layers))) ||
         !grad_sumsq_init(&m->sumsq, (int)(4 * d->L))) { /* a layer's four weight-gradient products */
         snprintf(err, errlen, "out of memory creating the model");
         qwen3_destroy(m);
@@ -368,10 +371,8 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     m->opt = *opt;
     m->gemm = gemm;
     m->trace = opt->trace;
-    m->params = params;
-    m->params16 = params_bf16;
-    if (opt->bf16 && !params_bf16) {
-        snprintf(err, errlen, "internal error: a bf16 model needs its bf16 weight copy");
+    if ((opt->bf16 && !params_bf16) || (opt->weights_bf16 && !opt->bf16)) {
+        snprintf(err, errlen, "internal error: a bf16 model needs its bf16 weights, and bf16 weights bf16 matmuls");
         qwen3_destroy(m);
         return NULL;
     }
@@ -431,6 +432,7 @@ void qwen3_destroy(qwen3_model_t *m) {
     free(m->thread_gemm);
     qwen3_params_free(&m->w);
     qwen3_params_free(&m->dw);
+    qwen3_params16_free(&m->w16);
     grad_sumsq_free(&m->sumsq);
     free(m->acts);
     free(m->names.layer_fwd);
@@ -454,7 +456,13 @@ const char *qwen3_attention_blocks(const qwen3_model_t *m) {
 static double linear_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * (double)M * (double)N * (double)K; }
 
 static int64_t ld16(const qwen3_model_t *m, int64_t cols) { return ld16_for(gemm_bf16_tiles(m->gemm), cols); }
-static const bf16_t *weight16(const qwen3_model_t *m, const float *w) { return m->params16 + (w - m->params); }
+
+/* A matmul's weight: fp32 runs read f32, bf16 runs b16 (f32 is NULL with weight_dtype=bfloat16). */
+typedef struct weight {
+    const float *f32;
+    const bf16_t *b16;
+} weight_t;
+#define LAYER_WEIGHT(m, l, field) ((weight_t){(m)->w.layers[l].field, (m)->w16.layers[l].field})
 
 /* src [T, cols] (rows ld_src apart) into bf16 rows ld16(m, cols) apart: a matmul input in
  * s.in16 or s.dy16. */
@@ -464,28 +472,28 @@ static void to_bf16_rows(qwen3_model_t *m, bf16_t *dst, const float *src, int64_
 
 /* bf16 runs: y (= or +=) x·Wᵀ with x already in s.in16 (bf16 [T, in], rows ld16(m, in) apart), written there by its
  * producer (layer_norm_for_matmul, swiglu_for_matmul) or by to_bf16. */
-static void linear_fwd_in16(qwen3_model_t *m, int op, float *y, int64_t ld_y, const float *W, int64_t T, int64_t out,
+static void linear_fwd_in16(qwen3_model_t *m, int op, float *y, int64_t ld_y, weight_t W, int64_t T, int64_t out,
                             int64_t in, bool accumulate) {
     SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
-         gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, ld16(m, in), weight16(m, W), in, y, ld_y, accumulate));
+         gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, ld16(m, in), W.b16, in, y, ld_y, accumulate));
 }
 
 /* y[T, out] (rows ld_y apart) (= or +=) x[T, in] (rows ld_x apart) · W[out, in]ᵀ */
 static void linear_fwd(qwen3_model_t *m, int op, float *y, int64_t ld_y, const float *x, int64_t ld_x,
-                       const float *W, int64_t T, int64_t out, int64_t in, bool accumulate) {
+                       weight_t W, int64_t T, int64_t out, int64_t in, bool accumulate) {
     if (m->opt.bf16) {
         to_bf16_rows(m, m->s.in16, x, ld_x, T, in);
         linear_fwd_in16(m, op, y, ld_y, W, T, out, in, accumulate);
         return;
     }
     SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
-         gemm_f32(m->gemm, false, true, T, out, in, x, ld_x, W, in, y, ld_y, accumulate));
+         gemm_f32(m->gemm, false, true, T, out, in, x, ld_x, W.f32, in, y, ld_y, accumulate));
 }
 
 /* bf16 runs: linear_bwd with x already in s.in16 and dy in s.dy16. With opt.grad_sumsq the
  * weight gradient's product sums its squares where it can, for the gradient norm: in the last
  * micro-batch, whose product adds onto the earlier ones' and so stores final values. */
-static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *W, int64_t T,
+static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, weight_t W, int64_t T,
                           int64_t out, int64_t in) {
     double sumsq = 0.0;
     bool summed = false;
@@ -500,12 +508,12 @@ static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, fl
     });
     if (summed) grad_sumsq_add(&m->sumsq, dW - m->dw.embed, out * in, sumsq); /* the embedding heads the buffer */
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
-         gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, ld16(m, out), weight16(m, W), in, dx, ld_dx, false));
+         gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, ld16(m, out), W.b16, in, dx, ld_dx, false));
 }
 
 /* bf16 runs: linear_bwd with x already in s.in16. */
 static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *dy,
-                            int64_t ld_dy, const float *W, int64_t T, int64_t out, int64_t in) {
+                            int64_t ld_dy, weight_t W, int64_t T, int64_t out, int64_t in) {
     to_bf16_rows(m, m->s.dy16, dy, ld_dy, T, out);
     linear_bwd_16(m, op, dx, ld_dx, dW, W, T, out, in);
 }
@@ -516,7 +524,7 @@ static void linear_bwd_in16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, 
  * alias x (x is read first; then ld_dx == ld_x). dy's, x's and dx's rows are ld_dy, ld_x and
  * ld_dx apart. */
 static void linear_bwd(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *dy, int64_t ld_dy,
-                       const float *x, int64_t ld_x, const float *W, int64_t T, int64_t out, int64_t in) {
+                       const float *x, int64_t ld_x, weight_t W, int64_t T, int64_t out, int64_t in) {
     if (m->opt.bf16) {
         to_bf16_rows(m, m->s.in16, x, ld_x, T, in);
         linear_bwd_in16(m, op, dx, ld_dx, dW, dy, ld_dy, W, T, out, in);
@@ -527,7 +535,7 @@ static void linear_bwd(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float
         SPAN(m, m->names.fwd[OP_TRANSPOSE], 0, {
             transpose_f32(s->dy_t, T, dy, ld_dy, T, out);
             transpose_f32(s->x_t, T, x, ld_x, T, in);
-            transpose_f32(s->w_t, out, W, in, out, in);
+            transpose_f32(s->w_t, out, W.f32, in, out, in);
         });
         SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
              gemm_f32(m->gemm, false, true, out, in, T, s->dy_t, T, s->x_t, T, dW, in, m->grads_accumulate));
@@ -538,7 +546,7 @@ static void linear_bwd(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float
     SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
          gemm_f32(m->gemm, true, false, out, in, T, dy, ld_dy, x, ld_x, dW, in, m->grads_accumulate));
     SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
-         gemm_f32(m->gemm, false, false, T, in, out, dy, ld_dy, W, in, dx, ld_dx, false));
+         gemm_f32(m->gemm, false, false, T, in, out, dy, ld_dy, W.f32, in, dx, ld_dx, false));
 }
 
 /* A layer norm of x [T, D] for a matmul's input: fp32 into s.ln, or in bf16 runs straight into
@@ -564,12 +572,12 @@ static void swiglu_for_matmul(qwen3_model_t *m, const float *gate_up) {
 
 /* The matmul input a *_for_matmul producer left: y (= or +=) x·Wᵀ, and its backward. */
 static void linear_fwd_produced(qwen3_model_t *m, int op, float *y, int64_t ld_y, const float *x_f32, int64_t ld_x,
-                                const float *W, int64_t T, int64_t out, int64_t in, bool accumulate) {
+                                weight_t W, int64_t T, int64_t out, int64_t in, bool accumulate) {
     if (m->opt.bf16) linear_fwd_in16(m, op, y, ld_y, W, T, out, in, accumulate);
     else linear_fwd(m, op, y, ld_y, x_f32, ld_x, W, T, out, in, accumulate);
 }
 static void linear_bwd_produced(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float *dW, const float *dy,
-                                int64_t ld_dy, const float *x_f32, int64_t ld_x, const float *W, int64_t T,
+                                int64_t ld_dy, const float *x_f32, int64_t ld_x, weight_t W, int64_t T,
                                 int64_t out, int64_t in) {
     if (m->opt.bf16) linear_bwd_in16(m, op, dx, ld_dx, dW, dy, ld_dy, W, T, out, in);
     else linear_bwd(m, op, dx, ld_dx, dW, dy, ld_dy, x_f32, ld_x, W, T, out, in);
@@ -622,11 +630,12 @@ static void qk_from_qkv(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_a
 }
 
 /* Norm the input, project q/k/v, qk-norm and rope q and k: fills a->qkv, a->qk, a->rstd1. */
-static void attention_inputs(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_acts_t *a, const float *x) {
+static void attention_inputs(qwen3_model_t *m, int64_t l, layer_acts_t *a, const float *x) {
     const qwen3_dims_t *d = &m->d;
+    const qwen3_layer_params_t *w = &m->w.layers[l];
     int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD;
     layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
-    linear_fwd_produced(m, OP_QKV, a->qkv, m->ld_qkv, m->s.ln, m->ld_d, w->q_proj, T, QKV, d->D, false);
+    linear_fwd_produced(m, OP_QKV, a->qkv, m->ld_qkv, m->s.ln, m->ld_d, LAYER_WEIGHT(m, l, q_proj), T, QKV, d->D, false);
     qk_from_qkv(m, w, a);
 }
 
@@ -636,7 +645,7 @@ static void layer_forward(qwen3_model_t *m, int64_t l, const float *x, float *x_
     layer_acts_t *a = acts_of(m, l);
     int64_t T = d->B * d->S, ld_qkv = m->ld_qkv, QK = (d->H + d->KV) * d->HD, ld_d = m->ld_d;
     attn_shape_t as = attn_shape(d);
-    attention_inputs(m, w, a, x);
+    attention_inputs(m, l, a, x);
     if (m->opt.bf16)
         SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
              attention_forward_bf16(a->attn, m->ld_hhd, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
@@ -646,12 +655,12 @@ static void layer_forward(qwen3_model_t *m, int64_t l, const float *x, float *x_
              attention_forward(a->attn, m->ld_hhd, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
                                a->qkv + (d->H + d->KV) * d->HD, ld_qkv, &as, m->s.attention, m->thread_gemm));
     copy_residual(m, a->x2, x);
-    linear_fwd(m, OP_O_PROJ, a->x2, ld_d, a->attn, m->ld_hhd, w->o_proj, T, d->D, d->H * d->HD, true);
+    linear_fwd(m, OP_O_PROJ, a->x2, ld_d, a->attn, m->ld_hhd, LAYER_WEIGHT(m, l, o_proj), T, d->D, d->H * d->HD, true);
     layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
-    linear_fwd_produced(m, OP_GATE_UP, a->gate_up, m->ld_gate_up, m->s.ln, ld_d, w->gate_proj, T, 2 * d->F, d->D, false);
+    linear_fwd_produced(m, OP_GATE_UP, a->gate_up, m->ld_gate_up, m->s.ln, ld_d, LAYER_WEIGHT(m, l, gate_proj), T, 2 * d->F, d->D, false);
     swiglu_for_matmul(m, a->gate_up);
     copy_residual(m, x_out, a->x2);
-    linear_fwd_produced(m, OP_DOWN, x_out, ld_d, m->s.h, m->ld_f, w->down_proj, T, d->D, d->F, true);
+    linear_fwd_produced(m, OP_DOWN, x_out, ld_d, m->s.h, m->ld_f, LAYER_WEIGHT(m, l, down_proj), T, d->D, d->F, true);
 }
 
 /* On entry s.dres holds dL/d(layer output); on exit dL/d(layer input). */
@@ -667,7 +676,7 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     /* MLP: recompute the swiglu output and the normed input rather than saving them, each just
      * before the weight gradient that reads it (in bf16 runs both land in s.in16). */
     swiglu_for_matmul(m, a->gate_up);
-    linear_bwd_produced(m, OP_DOWN, s->h, ld_f, dw->down_proj, s->dres, ld_d, s->h, ld_f, w->down_proj, T, d->D, d->F);
+    linear_bwd_produced(m, OP_DOWN, s->h, ld_f, dw->down_proj, s->dres, ld_d, s->h, ld_f, LAYER_WEIGHT(m, l, down_proj), T, d->D, d->F);
     if (m->opt.bf16) /* dgate_up goes straight to the products' bf16 dy */
         SPAN(m, m->names.bwd[OP_SWIGLU], 0,
              swiglu_backward_bf16(s->dy16, ld16(m, 2 * d->F), s->h, ld_f, a->gate_up, m->ld_gate_up, T, d->F));
@@ -675,13 +684,13 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
         SPAN(m, m->names.bwd[OP_SWIGLU], 0,
              swiglu_backward(s->dgate_up, m->ld_gate_up, s->h, ld_f, a->gate_up, m->ld_gate_up, T, d->F));
     layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
-    if (m->opt.bf16) linear_bwd_16(m, OP_GATE_UP, s->dln, ld_d, dw->gate_proj, w->gate_proj, T, 2 * d->F, d->D);
+    if (m->opt.bf16) linear_bwd_16(m, OP_GATE_UP, s->dln, ld_d, dw->gate_proj, LAYER_WEIGHT(m, l, gate_proj), T, 2 * d->F, d->D);
     else
-        linear_bwd(m, OP_GATE_UP, s->dln, ld_d, dw->gate_proj, s->dgate_up, m->ld_gate_up, s->ln, ld_d, w->gate_proj, T,
+        linear_bwd(m, OP_GATE_UP, s->dln, ld_d, dw->gate_proj, s->dgate_up, m->ld_gate_up, s->ln, ld_d, LAYER_WEIGHT(m, l, gate_proj), T,
                    2 * d->F, d->D);
     SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, ld_d, true, dw->post_norm, s->dln, ld_d, a->x2, ld_d, w->post_norm, a->rstd2, T, 1, d->D, s->norm_partials));
     /* Attention. */
-    linear_bwd(m, OP_O_PROJ, s->dattn, ld_hhd, dw->o_proj, s->dres, ld_d, a->attn, ld_hhd, w->o_proj, T, d->D, HHD);
+    linear_bwd(m, OP_O_PROJ, s->dattn, ld_hhd, dw->o_proj, s->dres, ld_d, a->attn, ld_hhd, LAYER_WEIGHT(m, l, o_proj), T, d->D, HHD);
     if (m->opt.remat == QWEN3_REMAT_MINIMAL) qk_from_qkv(m, w, a); /* the shared buffer holds another layer's */
     if (m->opt.bf16)
         SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
@@ -713,7 +722,7 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
         });
     }
     layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
-    linear_bwd_produced(m, OP_QKV, s->dln, ld_d, dw->q_proj, s->dqkv, m->ld_qkv, s->ln, ld_d, w->q_proj, T, QKV, d->D);
+    linear_bwd_produced(m, OP_QKV, s->dln, ld_d, dw->q_proj, s->dqkv, m->ld_qkv, s->ln, ld_d, LAYER_WEIGHT(m, l, q_proj), T, QKV, d->D);
     SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, ld_d, true, dw->input_norm, s->dln, ld_d, x, ld_d, w->input_norm, a->rstd1, T, 1, d->D, s->norm_partials));
 }
 
@@ -738,7 +747,7 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
         const bf16_t *h16 = s->in16 + t0 * ld16(m, d->D);
         if (m->opt.bf16) {
             SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
-                 gemm_bf16(m->gemm, false, true, n, d->V, d->D, h16, ld16(m, d->D), weight16(m, m->w.lm_head), d->D, s->logits, d->V, false));
+                 gemm_bf16(m->gemm, false, true, n, d->V, d->D, h16, ld16(m, d->D), m->w16.lm_head, d->D, s->logits, d->V, false));
         } else {
             SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
                  gemm_f32(m->gemm, false, true, n, d->V, d->D, h, m->ld_d, m->w.lm_head, d->D, s->logits, d->V, false));
@@ -758,7 +767,7 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
                  gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, ld16(m, d->D), m->dw.lm_head, d->D,
                            t0 > 0 || m->grads_accumulate));
             SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
-                 gemm_bf16(m->gemm, false, false, n, d->D, d->V, s->dy16, d->V, weight16(m, m->w.lm_head), d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
+                 gemm_bf16(m->gemm, false, false, n, d->D, d->V, s->dy16, d->V, m->w16.lm_head, d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
             continue;
         }
         SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
@@ -777,7 +786,12 @@ static double forward(qwen3_model_t *m, const int32_t *tokens, bool with_grad) {
     const qwen3_dims_t *d = &m->d;
     m->tokens = tokens;
     int64_t span = trace_begin(m->trace);
-    SPAN(m, m->names.fwd[OP_EMBED], 0, embed_forward(layer_input(m, 0), m->ld_d, tokens, d->S + 1, m->w.embed, d->B, d->S, d->D));
+    if (m->opt.weights_bf16)
+        SPAN(m, m->names.fwd[OP_EMBED], 0,
+             embed_forward_bf16(layer_input(m, 0), m->ld_d, tokens, d->S + 1, m->w16.embed, d->B, d->S, d->D));
+    else
+        SPAN(m, m->names.fwd[OP_EMBED], 0,
+             embed_forward(layer_input(m, 0), m->ld_d, tokens, d->S + 1, m->w.embed, d->B, d->S, d->D));
     for (int64_t l = 0; l < d->L; l++)
         SPAN(m, m->names.layer_fwd[l], 0, layer_forward(m, l, layer_input(m, l), layer_input(m, l + 1)));
     double loss = head_forward_backward(m, with_grad);

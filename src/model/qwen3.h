@@ -53,6 +53,20 @@ typedef struct qwen3_params {
     float *lm_head;    /* [V, D]; equals embed when tied */
 } qwen3_params_t;
 
+/* The same layout's views into a bf16 buffer: the matmuls' weights in bf16 runs (the copy of
+ * the fp32 master weights, or with weight_dtype=bfloat16 the weights themselves). */
+typedef struct qwen3_layer_params16 {
+#define QWEN3_FIELD16(field, name, rows, cols, init, present) const bf16_t *field;
+    QWEN3_LAYER_TENSORS(QWEN3_FIELD16, (qwen3_dims_t *)0)
+#undef QWEN3_FIELD16
+} qwen3_layer_params16_t;
+
+typedef struct qwen3_params16 {
+    const bf16_t *embed;
+    qwen3_layer_params16_t *layers;
+    const bf16_t *final_norm, *lm_head;
+} qwen3_params16_t;
+
 typedef struct qwen3_tensor_info {
     char hf_name[96];
     int64_t offset;    /* floats from the start of the parameter buffer */
@@ -72,6 +86,17 @@ uint64_t qwen3_layout_hash(const qwen3_dims_t *d);
  * qwen3_params_free). Returns non-zero on allocation failure. */
 int qwen3_params_view(qwen3_params_t *v, const qwen3_dims_t *d, float *base);
 void qwen3_params_free(qwen3_params_t *v);
+int qwen3_params16_view(qwen3_params16_t *v, const qwen3_dims_t *d, const bf16_t *base);
+void qwen3_params16_free(qwen3_params16_t *v);
+
+/* weight_dtype=bfloat16 keeps the parameters in bf16 only, and the norm weights' kernels read
+ * fp32: the vectors (every norm weight, in the table's order) are widened into a compact fp32
+ * buffer of qwen3_vector_floats numbers. qwen3_params_view_vectors binds a view's vector fields
+ * there and leaves its matrices NULL; qwen3_widen_vectors refreshes the buffer from the bf16
+ * parameters (after each update). */
+int64_t qwen3_vector_floats(const qwen3_dims_t *d);
+int qwen3_params_view_vectors(qwen3_params_t *v, const qwen3_dims_t *d, float *vectors);
+void qwen3_widen_vectors(float *vectors, const qwen3_dims_t *d, const bf16_t *base);
 
 /* Linear and embedding weights N(0, 0.02²), norm weights 1, as Hugging Face initialises Qwen3;
  * every number is a function of (seed, tensor, index) only. */
@@ -83,6 +108,8 @@ void qwen3_init_params(float *base, const qwen3_dims_t *d, uint64_t seed);
  * its set-up that the file will not load. */
 int qwen3_load_safetensors(float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen);
 int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen);
+/* The same from bf16 parameters (weight_dtype=bfloat16), as BF16 tensors. */
+int qwen3_save_safetensors_bf16(const bf16_t *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen);
 
 /* What backward recomputes rather than keeps (MaxText's remat_policy values):
  *   NONE     keeps every layer's matmul outputs and the normed, rotated q and k; backward
@@ -126,6 +153,7 @@ typedef struct qwen3_options {
     int64_t xent_chunk;
     float z_loss;
     bool bf16;      /* matmuls take bf16 inputs (fp32 accumulation); see qwen3_create */
+    bool weights_bf16; /* weight_dtype=bfloat16: the parameters are bf16 only; see qwen3_create */
     gemm_library_t gemm_library; /* for attention's per-thread contexts, where the library runs its blocks */
     trace_t *trace; /* may be NULL */
     /* Called (when set) during backward as soon as gradients [offset, offset+count) of the
@@ -144,7 +172,10 @@ typedef struct qwen3_options {
 /* Bind a model to buffers sized by the plan: params and grads (qwen3_num_params floats each),
  * acts (qwen3_saved_activation_floats), scratch (qwen3_scratch_floats). With opt->bf16,
  * params_bf16 (qwen3_num_params bf16 values, same layout) is the matmuls' copy of the weights,
- * which the caller keeps equal to bf16(params) (adamw_update writes it); NULL otherwise. */
+ * which the caller keeps equal to bf16(params) (adamw_update writes it); NULL otherwise. With
+ * opt->weights_bf16 (which needs opt->bf16) params_bf16 are the weights themselves and params
+ * is the compact fp32 buffer of the norm weights (qwen3_vector_floats, kept equal to them by
+ * qwen3_widen_vectors). */
 qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, float *params,
                             const bf16_t *params_bf16, float *grads, float *acts, float *scratch,
                             gemm_ctx_t *gemm, char *err, size_t errlen);

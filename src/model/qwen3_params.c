@@ -74,31 +74,83 @@ uint64_t qwen3_layout_hash(const qwen3_dims_t *d) {
 
 static int64_t tensor_numel(int64_t rows, int64_t cols) { return rows * (cols ? cols : 1); }
 
+/* Binds a view's fields to consecutive tensors of the table's layout: bind(tensor) gives the
+ * pointer for a tensor whose size and kind the macro's arguments say. Shared by the fp32 and
+ * bf16 views and the compact view of the vectors. */
+#define QWEN3_BIND_VIEW(v, d, BIND)                                                             \
+    do {                                                                                        \
+        (v)->embed = BIND((d)->V, (d)->D);                                                      \
+        for (int64_t l = 0; l < (d)->L; l++) {                                                  \
+            QWEN3_LAYER_TENSORS(QWEN3_BIND_FIELD, d)                                            \
+        }                                                                                       \
+        (v)->final_norm = BIND((d)->D, 0);                                                      \
+        (v)->lm_head = (d)->tied ? (v)->embed : BIND((d)->V, (d)->D);                           \
+    } while (0)
+#define QWEN3_BIND_FIELD(field, suffix, rows, cols, init, present)                              \
+    if (present) v->layers[l].field = BIND_AT(rows, cols);
+
 int qwen3_params_view(qwen3_params_t *v, const qwen3_dims_t *d, float *base) {
     memset(v, 0, sizeof *v);
-    v->layers = calloc((size_t)d->L, sizeof *v->layers);
-    if (!v->layers) return -1;
+    if (!(v->layers = calloc((size_t)d->L, sizeof *v->layers))) return -1;
     float *p = base;
-    v->embed = p;
-    p += d->V * d->D;
-    for (int64_t l = 0; l < d->L; l++) {
-#define QWEN3_BIND(field, suffix, rows, cols, init, present)                                    \
-    if (present) {                                                                              \
-        v->layers[l].field = p;                                                                 \
-        p += tensor_numel(rows, cols);                                                    \
-    }
-        QWEN3_LAYER_TENSORS(QWEN3_BIND, d)
-#undef QWEN3_BIND
-    }
-    v->final_norm = p;
-    p += d->D;
-    v->lm_head = d->tied ? v->embed : p;
+#define BIND_AT(rows, cols) (p += tensor_numel(rows, cols), p - tensor_numel(rows, cols))
+    QWEN3_BIND_VIEW(v, d, BIND_AT);
+#undef BIND_AT
+    return 0;
+}
+
+int qwen3_params16_view(qwen3_params16_t *v, const qwen3_dims_t *d, const bf16_t *base) {
+    memset(v, 0, sizeof *v);
+    if (!(v->layers = calloc((size_t)d->L, sizeof *v->layers))) return -1;
+    const bf16_t *p = base;
+#define BIND_AT(rows, cols) (p += tensor_numel(rows, cols), p - tensor_numel(rows, cols))
+    QWEN3_BIND_VIEW(v, d, BIND_AT);
+#undef BIND_AT
+    return 0;
+}
+
+int qwen3_params_view_vectors(qwen3_params_t *v, const qwen3_dims_t *d, float *vectors) {
+    memset(v, 0, sizeof *v);
+    if (!(v->layers = calloc((size_t)d->L, sizeof *v->layers))) return -1;
+    float *p = vectors;
+#define BIND_AT(rows, cols) ((cols) != 0 ? NULL : (p += (rows), p - (rows)))
+    QWEN3_BIND_VIEW(v, d, BIND_AT);
+#undef BIND_AT
     return 0;
 }
 
 void qwen3_params_free(qwen3_params_t *v) {
     free(v->layers);
     v->layers = NULL;
+}
+
+void qwen3_params16_free(qwen3_params16_t *v) {
+    free(v->layers);
+    v->layers = NULL;
+}
+
+int64_t qwen3_vector_floats(const qwen3_dims_t *d) {
+    int64_t n = qwen3_tensor_table(d, NULL), total = 0;
+    qwen3_tensor_info_t *t = malloc((size_t)n * sizeof *t);
+    if (!t) return -1;
+    qwen3_tensor_table(d, t);
+    for (int64_t i = 0; i < n; i++)
+        if (!t[i].cols) total += t[i].rows;
+    free(t);
+    return total;
+}
+
+void qwen3_widen_vectors(float *vectors, const qwen3_dims_t *d, const bf16_t *base) {
+    int64_t n = qwen3_tensor_table(d, NULL);
+    qwen3_tensor_info_t *t = malloc((size_t)n * sizeof *t);
+    if (!t) abort();
+    qwen3_tensor_table(d, t);
+    for (int64_t i = 0; i < n; i++) {
+        if (t[i].cols) continue;
+        for (int64_t j = 0; j < t[i].rows; j++) vectors[j] = bf16_to_f32(base[t[i].offset + j]);
+        vectors += t[i].rows;
+    }
+    free(t);
 }
 
 enum { QWEN3_INIT_STD_MILLI = 20 }; /* Hugging Face's initializer_range, 0.02 */
@@ -196,7 +248,9 @@ done:
     return rc;
 }
 
-int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen) {
+static int save_safetensors(const void *base, st_dtype_t dtype, const qwen3_dims_t *d, const char *path, char *err,
+                            size_t errlen) {
+    const size_t esize = st_dtype_size(dtype);
     int64_t n = qwen3_tensor_table(d, NULL);
     qwen3_tensor_info_t *t = malloc((size_t)n * sizeof *t);
     st_write_entry_t *e = malloc((size_t)n * sizeof *e);
@@ -206,7 +260,8 @@ int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char 
     } else {
         qwen3_tensor_table(d, t);
         for (int64_t i = 0; i < n; i++) {
-            e[i] = (st_write_entry_t){.name = t[i].hf_name, .ndim = t[i].cols ? 2 : 1, .data = base + t[i].offset};
+            e[i] = (st_write_entry_t){.name = t[i].hf_name, .ndim = t[i].cols ? 2 : 1,
+                                      .data = (const char *)base + (size_t)t[i].offset * esize, .dtype = dtype};
             e[i].shape[0] = t[i].rows;
             e[i].shape[1] = t[i].cols;
         }
@@ -215,4 +270,12 @@ int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char 
     free(t);
     free(e);
     return rc;
+}
+
+int qwen3_save_safetensors(const float *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen) {
+    return save_safetensors(base, ST_F32, d, path, err, errlen);
+}
+
+int qwen3_save_safetensors_bf16(const bf16_t *base, const qwen3_dims_t *d, const char *path, char *err, size_t errlen) {
+    return save_safetensors(base, ST_BF16, d, path, err, errlen);
 }

@@ -100,15 +100,17 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->tokens_per_device = d->B * d->S * p->micro_batches;
     p->tflops_per_device = plan_tflops_training_per_device(d) * (double)p->micro_batches;
     uint64_t n = (uint64_t)p->num_params, f = sizeof(float);
-    p->params_bytes = n * f;
+    p->weights_bf16 = cfg->weight_dtype == DTYPE_BFLOAT16;
+    p->params_vectors_offset = p->weights_bf16 ? (n * sizeof(bf16_t) + 63) / 64 * 64 : 0;
+    p->params_bytes = p->weights_bf16 ? p->params_vectors_offset + (uint64_t)qwen3_vector_floats(d) * f : n * f;
     p->shard_params = zero_shard_floats(p->num_params, p->shard_ranks);
     uint64_t shard = (uint64_t)p->shard_params;
     p->grads_bytes = n * f + (p->shard_ranks > 1 ? shard * f : 0);
     p->mu_bf16 = config_mu_dtype(cfg) == DTYPE_BFLOAT16;
-    p->optimizer_bytes = plan_optimizer_layout(p->shard_params, p->mu_bf16).bytes;
+    p->optimizer_bytes = plan_optimizer_layout(p->shard_params, p->mu_bf16, p->weights_bf16).bytes;
     p->activations_bytes = (uint64_t)qwen3_saved_activation_floats(d, p->remat) * f;
     p->scratch_bytes = (uint64_t)qwen3_scratch_floats(d, num_threads, p->xent_chunk, p->bf16, p->remat) * f;
-    p->params_bf16_bytes = p->bf16 ? n * sizeof(bf16_t) : 0;
+    p->params_bf16_bytes = p->bf16 && !p->weights_bf16 ? n * sizeof(bf16_t) : 0;
     p->arena_bytes = p->params_bytes + p->params_bf16_bytes + p->grads_bytes + p->optimizer_bytes +
                      p->activations_bytes + p->scratch_bytes;
     p->data_bytes = data_ring_bytes(cfg->prefetch_depth, d->B * p->micro_batches, d->S) +
@@ -117,10 +119,10 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     return 0;
 }
 
-plan_optimizer_layout_t plan_optimizer_layout(int64_t shard_params, bool mu_bf16) {
+plan_optimizer_layout_t plan_optimizer_layout(int64_t shard_params, bool mu_bf16, bool v_bf16) {
     const uint64_t n = (uint64_t)shard_params, line = 64;
     plan_optimizer_layout_t o;
-    o.m_offset = (n * sizeof(float) + line - 1) / line * line;
+    o.m_offset = (n * (v_bf16 ? sizeof(bf16_t) : sizeof(float)) + line - 1) / line * line;
     o.partials_offset = o.m_offset + ((n * (mu_bf16 ? sizeof(bf16_t) : sizeof(float)) + line - 1) / line * line);
     o.bytes = o.partials_offset + (uint64_t)adamw_norm_partials(shard_params) * sizeof(double);
     return o;
@@ -143,17 +145,31 @@ int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t er
     uint64_t whole = p->params_bytes + p->params_bf16_bytes + (uint64_t)p->num_params * sizeof(float);
     uint64_t state = p->params_bytes + p->params_bf16_bytes + p->grads_bytes + p->optimizer_bytes;
     /* mu_dtype=bfloat16 is named where it alone would make the plan fit. */
-    uint64_t mu_saving = p->mu_bf16 ? 0 : p->optimizer_bytes - plan_optimizer_layout(p->shard_params, true).bytes;
-    char mu_hint[160] = "";
+    uint64_t mu_saving =
+        p->mu_bf16 ? 0 : p->optimizer_bytes - plan_optimizer_layout(p->shard_params, true, p->weights_bf16).bytes;
+    char mu_hint[320] = "";
     if (mu_saving > 0 && p->total_bytes - mu_saving <= avail)
         snprintf(mu_hint, sizeof mu_hint, ", or set mu_dtype=bfloat16 (AdamW's first moment in bf16: %.2f GiB less)",
                  (double)mu_saving / gib);
+    /* weight_dtype=bfloat16 (with dtype=bfloat16) likewise, where it alone would fit: the plan of
+     * the same config so. */
+    plan_t w16;
+    config_t cfg16 = *cfg;
+    cfg16.weight_dtype = cfg16.dtype = DTYPE_BFLOAT16;
+    char w16_err[8];
+    if (!p->weights_bf16 && plan_build(&w16, &cfg16, p->num_threads, p->num_ranks, w16_err, sizeof w16_err) == 0 &&
+        w16.total_bytes <= avail) {
+        size_t used = strlen(mu_hint);
+        snprintf(mu_hint + used, sizeof mu_hint - used,
+                 ", or set weight_dtype=bfloat16%s (bf16 parameters and AdamW state: a plan of %.2f GiB)",
+                 p->bf16 ? "" : " dtype=bfloat16", (double)w16.total_bytes / gib);
+    }
     if (whole > avail)
         snprintf(err, errlen,
                  "the memory plan needs %.2f GiB per device but %.2f GiB is available%s, and the parameters and "
                  "gradients alone take %.2f GiB on every rank, whatever the batch or the number of ranks (ranks shard "
-                 "only the AdamW state); use a smaller model_name, or a machine with more memory",
-                 (double)p->total_bytes / gib, (double)avail / gib, share, (double)whole / gib);
+                 "only the AdamW state); use a smaller model_name, or a machine with more memory%s",
+                 (double)p->total_bytes / gib, (double)avail / gib, share, (double)whole / gib, mu_hint);
     else if (state > avail)
         snprintf(err, errlen,
                  "the memory plan needs %.2f GiB per device but %.2f GiB is available%s, and the parameters, gradients "
@@ -188,9 +204,13 @@ void plan_print(const plan_t *p, FILE *out) {
     fprintf(out, "compute_threads: %d\n", p->num_threads);
     static const char *const remat_names[] = {"none", "minimal", "full"};
     fprintf(out, "remat_policy: %s\n", remat_names[p->remat]);
-    fprintf(out, "dtype: %s\n", !p->bf16     ? "float32"
-                                : p->mu_bf16 ? "bfloat16 (matmul inputs; fp32 master weights, gradients, AdamW's v)"
-                                             : "bfloat16 (matmul inputs; fp32 master weights, gradients, optimizer)");
+    fprintf(out, "dtype: %s\n", !p->bf16           ? "float32"
+                                : p->weights_bf16 ? "bfloat16 (matmul inputs; bf16 weights (weight_dtype), fp32 gradients)"
+                                : p->mu_bf16      ? "bfloat16 (matmul inputs; fp32 master weights, gradients, AdamW's v)"
+                                                  : "bfloat16 (matmul inputs; fp32 master weights, gradients, optimizer)");
+    fprintf(out, "weight_dtype: %s\n", p->weights_bf16 ? "bfloat16 (the parameters and AdamW's v, updated in fp32 and "
+                                                        "stored rounded; no fp32 master copy)"
+                                                      : "float32 (master weights and AdamW's v)");
     fprintf(out, "mu_dtype: %s\n", p->mu_bf16 ? "bfloat16 (AdamW's first moment, updated in fp32 and stored rounded)"
                                                 : "float32 (AdamW's first moment)");
     fprintf(out, "xent_chunk_tokens: %lld\n", (long long)p->xent_chunk);

@@ -34,19 +34,24 @@ typedef struct plan {
     uint64_t params_bytes, grads_bytes, optimizer_bytes, activations_bytes, scratch_bytes, total_bytes;
     uint64_t params_bf16_bytes; /* the matmuls' bf16 copy of the weights; 0 in fp32 runs */
     bool mu_bf16;               /* mu_dtype: AdamW's m held in bf16 (optimizer_bytes counts it so) */
+    /* weight_dtype=bfloat16: the parameters in bf16 only (params_bytes: the bf16 values, then on
+     * a 64-byte line the norm weights widened to fp32, qwen3_vector_floats; no bf16 copy) and
+     * AdamW's v in bf16; the gradients stay fp32. */
+    bool weights_bf16;
+    uint64_t params_vectors_offset; /* weights_bf16: where in the parameters' bytes the fp32 norm weights start */
     /* The data threads' rings (data/data.h), outside the arena: prefetch_depth batches of token
      * ids, B·micro_batches rows of S + 1, and B rows for evaluation where it runs. */
     uint64_t data_bytes;
     uint64_t arena_bytes; /* total_bytes less data_bytes: what the set-up allocates and touches */
 } plan_t;
 
-/* The optimizer allocation, in bytes from its start: v (floats), then m (floats, or bf16 with
- * mu_bf16; padded to a 64-byte line), then the norm's partial sums (doubles), for a shard of
- * shard_params. */
+/* The optimizer allocation, in bytes from its start: v (floats, or bf16 with v_bf16), then m
+ * (floats, or bf16 with mu_bf16), then the norm's partial sums (doubles), each on a 64-byte
+ * line, for a shard of shard_params. */
 typedef struct plan_optimizer_layout {
     uint64_t m_offset, partials_offset, bytes;
 } plan_optimizer_layout_t;
-plan_optimizer_layout_t plan_optimizer_layout(int64_t shard_params, bool mu_bf16);
+plan_optimizer_layout_t plan_optimizer_layout(int64_t shard_params, bool mu_bf16, bool v_bf16);
 
 /* The dims a config describes (per-device batch). */
 qwen3_dims_t plan_dims(const config_t *cfg);

@@ -195,17 +195,20 @@ static int write_optimizer_shard(const char *folder, const qwen3_dims_t *d, cons
     snprintf(v_layout, sizeof v_layout, "%016llx", (unsigned long long)qwen3_layout_hash(d));
     const char *keys[] = {"format", "step", "updates_done", "num_params", "shard_lo", "shard_count", "param_layout"};
     const char *values[] = {CHECKPOINT_OPTIMIZER_FORMAT, v_step, v_updates, v_n, v_lo, v_count, v_layout};
-    /* v first: a bf16 m after it leaves every tensor's data aligned to its element size. */
-    st_write_entry_t e[2] = {{.name = "exp_avg_sq", .ndim = 1, .shape = {sh->count}, .data = sh->v},
-                             {.name = "exp_avg", .ndim = 1, .shape = {sh->count}, .data = sh->m16 ? (const void *)sh->m16
-                                                                                                   : (const void *)sh->m,
-                              .dtype = sh->m16 ? ST_BF16 : ST_F32}};
+    /* F32 before BF16 (v first where both are alike): every tensor's data is then aligned to its
+     * element size. */
+    st_write_entry_t v = {.name = "exp_avg_sq", .ndim = 1, .shape = {sh->count},
+                          .data = sh->v16 ? (const void *)sh->v16 : (const void *)sh->v, .dtype = sh->v16 ? ST_BF16 : ST_F32};
+    st_write_entry_t m = {.name = "exp_avg", .ndim = 1, .shape = {sh->count},
+                          .data = sh->m16 ? (const void *)sh->m16 : (const void *)sh->m, .dtype = sh->m16 ? ST_BF16 : ST_F32};
+    bool m_first = v.dtype == ST_BF16 && m.dtype == ST_F32;
+    st_write_entry_t e[2] = {m_first ? m : v, m_first ? v : m};
     if (safetensors_write(path, e, 2, keys, values, sizeof keys / sizeof *keys, err, errlen) != 0) return -1;
     *bytes += file_size(path);
     return 0;
 }
 
-int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params,
+int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params, const bf16_t *params16,
                      const checkpoint_optimizer_shard_t *shard, int64_t step, checkpoint_written_t *out, char *err,
                      size_t errlen) {
     struct timespec t0, t1;
@@ -222,8 +225,10 @@ int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *pa
     }
     uint64_t bytes = 0;
     if (shard && write_optimizer_shard(folder, d, shard, step, &bytes, err, errlen) != 0) return -1;
-    if (params) {
-        if (qwen3_save_safetensors(params, d, path, err, errlen) != 0) return -1;
+    if (params || params16) {
+        if ((params ? qwen3_save_safetensors(params, d, path, err, errlen)
+                    : qwen3_save_safetensors_bf16(params16, d, path, err, errlen)) != 0)
+            return -1;
         bytes += file_size(path);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -3,7 +3,8 @@
  * and of the last step, in <base_output_directory>/<run_name>/checkpoints/<step>/ (written as
  * <step>.partial/, renamed into place once every rank's files are in it, so that a <step>
  * folder is always a whole checkpoint):
- *   model.safetensors  the fp32 master parameters under Hugging Face's Qwen3 names (rank 0);
+ *   model.safetensors  the parameters under Hugging Face's Qwen3 names (rank 0): F32 master
+ *                      weights, or BF16 with weight_dtype=bfloat16;
  *   optimizer_state-<k>-of-<R>.safetensors
  *                      AdamW's moments of shard k of the flat parameter vector (dist/zero.h's
  *                      shards; one file with one rank), with the step, the update count and
@@ -63,19 +64,20 @@ int checkpoint_parameters_file(const char *path, char *out, size_t n, char *err,
 
 /* This rank's part of AdamW's state: the moments m and v of parameters [lo, lo + count) of
  * num_params, shard `index` of `shards`, after `updates_done` updates. m is fp32, or bf16 in m16
- * (mu_dtype=bfloat16, then m is NULL), and is written in the dtype it is held in. */
+ * (mu_dtype=bfloat16, then m is NULL), v fp32 or bf16 in v16 (weight_dtype=bfloat16), each
+ * written in the dtype it is held in. */
 typedef struct checkpoint_optimizer_shard {
     const float *m, *v;
-    const bf16_t *m16;
+    const bf16_t *m16, *v16;
     int64_t lo, count, num_params, updates_done;
     int index, shards;
 } checkpoint_optimizer_shard_t;
 
-/* This rank's files of the checkpoint after `step`'s update, into <step>.partial: params (NULL
- * on ranks other than 0) to model.safetensors and shard (NULL on ranks that hold a replica's
+/* This rank's files of the checkpoint after `step`'s update, into <step>.partial: params, or
+ * params16 with weight_dtype=bfloat16 (both NULL on ranks other than 0), to model.safetensors and shard (NULL on ranks that hold a replica's
  * copy) to its optimizer_state file. out gets the bytes written and the seconds. 0, or -1 with
  * one line in err (no file half-written). */
-int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params,
+int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params, const bf16_t *params16,
                      const checkpoint_optimizer_shard_t *shard, int64_t step, checkpoint_written_t *out, char *err,
                      size_t errlen);
 /* Rank 0, once every rank's checkpoint_write of `step` is done: config.json (Qwen3 shapes only:

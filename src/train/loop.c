@@ -564,11 +564,12 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
             pause_t pause = pause_begin(load_from_step1);
             const train_state_t *st = &l.state;
             const checkpoint_optimizer_shard_t shard = {
-                .m = st->adam_m, .m16 = st->adam_m16, .v = st->adam_v, .lo = st->shard_lo, .count = st->shard_n,
+                .m = st->adam_m, .m16 = st->adam_m16, .v = st->adam_v, .v16 = st->adam_v16, .lo = st->shard_lo, .count = st->shard_n,
                 .num_params = plan->num_params, .updates_done = st->updates_done,
                 .index = comm_rank(l.shard), .shards = plan->shard_ranks};
             bool ok = finishing ? checkpoint_finish(cfg, &plan->dims, step, ck_err, sizeof ck_err) == 0
-                                : checkpoint_write(cfg, &plan->dims, l.rank == 0 ? st->params : NULL, &shard, step, &ck,
+                                : checkpoint_write(cfg, &plan->dims, l.rank == 0 ? st->params : NULL,
+                                                   l.rank == 0 && !st->params ? st->params_bf16 : NULL, &shard, step, &ck,
                                                    ck_err, sizeof ck_err) == 0;
             pause_end(&pause, &load_before);
             pthread_mutex_lock(&l.mu);

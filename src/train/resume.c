@@ -79,13 +79,13 @@ static int check_shard(const safetensors_t *st, const char *file, shard_meta_t *
                  "is missing or not valid; the file is damaged", file);
         return -1;
     }
-    /* exp_avg is held in the writer's mu_dtype (F32 or BF16), exp_avg_sq in F32. */
-    static const char *const names[] = {"exp_avg", "exp_avg_sq"}, *const dtypes[] = {"an F32 or BF16", "an F32"};
+    /* exp_avg is held in the writer's mu_dtype, exp_avg_sq in its weight_dtype: F32 or BF16. */
+    static const char *const names[] = {"exp_avg", "exp_avg_sq"};
     for (int i = 0; i < 2; i++) {
         const st_tensor_t *t = safetensors_find(st, names[i]);
-        if (!t || !(t->dtype == ST_F32 || (i == 0 && t->dtype == ST_BF16)) || t->ndim != 1 || t->numel != m->count) {
-            snprintf(err, errlen, "%s: needs %s tensor %s of shape [%lld] (its shard_count); the file is damaged",
-                     file, dtypes[i], names[i], (long long)m->count);
+        if (!t || !(t->dtype == ST_F32 || t->dtype == ST_BF16) || t->ndim != 1 || t->numel != m->count) {
+            snprintf(err, errlen, "%s: needs an F32 or BF16 tensor %s of shape [%lld] (its shard_count); the file is "
+                     "damaged", file, names[i], (long long)m->count);
             return -1;
         }
     }
@@ -211,7 +211,7 @@ static int read_bytes(const safetensors_t *st, int fd, off_t at, size_t len, voi
 
 /* Values [from, from + count) of tensor t (F32 or BF16, as checked) of file st, into dst32
  * (floats) or dst16 (bf16; the other NULL): read as they are where the dtypes agree, else in
- * pieces, widened or rounded to nearest even (a checkpoint of another mu_dtype). */
+ * pieces, widened or rounded to nearest even (a checkpoint of another mu_dtype or weight_dtype). */
 static int read_values(const safetensors_t *st, const st_tensor_t *t, int64_t from, int64_t count, float *dst32,
                        bf16_t *dst16, char *err, size_t errlen) {
     int fd = open(st->path, O_RDONLY | O_CLOEXEC);
@@ -244,7 +244,7 @@ static int read_values(const safetensors_t *st, const st_tensor_t *t, int64_t fr
 }
 
 int full_state_read_moments(const full_state_t *fs, int64_t lo, int64_t count, float *m, bf16_t *m16, float *v,
-                            char *err, size_t errlen) {
+                            bf16_t *v16, char *err, size_t errlen) {
     for (int k = 0; k < fs->shards && count > 0; k++) {
         const safetensors_t *st = &fs->files[k];
         const st_tensor_t *tm = safetensors_find(st, "exp_avg"), *tv = safetensors_find(st, "exp_avg_sq");
@@ -252,7 +252,7 @@ int full_state_read_moments(const full_state_t *fs, int64_t lo, int64_t count, f
         int64_t a = lo > file_lo ? lo : file_lo, b = lo + count < file_lo + file_count ? lo + count : file_lo + file_count;
         if (a >= b) continue;
         if (read_values(st, tm, a - file_lo, b - a, m ? m + (a - lo) : NULL, m ? NULL : m16 + (a - lo), err, errlen) != 0 ||
-            read_values(st, tv, a - file_lo, b - a, v + (a - lo), NULL, err, errlen) != 0)
+            read_values(st, tv, a - file_lo, b - a, v ? v + (a - lo) : NULL, v ? NULL : v16 + (a - lo), err, errlen) != 0)
             return -1;
     }
     return 0;

@@ -30,10 +30,11 @@ typedef struct full_state {
  * wrong and what to do (nothing left open). */
 int full_state_open(full_state_t *fs, const char *path, const qwen3_dims_t *d, char *err, size_t errlen);
 /* m and v of parameters [lo, lo + count): m into m (fp32) or, where m is NULL, m16 (bf16,
- * mu_dtype=bfloat16), whichever dtype the checkpoint holds it in (widened, or rounded to nearest
- * even). 0, or -1 with one line in err. */
+ * mu_dtype=bfloat16), and v into v or, where v is NULL, v16 (weight_dtype=bfloat16), whichever
+ * dtype the checkpoint holds them in (widened, or rounded to nearest even). 0, or -1 with one
+ * line in err. */
 int full_state_read_moments(const full_state_t *fs, int64_t lo, int64_t count, float *m, bf16_t *m16, float *v,
-                            char *err, size_t errlen);
+                            bf16_t *v16, char *err, size_t errlen);
 void full_state_close(full_state_t *fs);
 /* The first step of a run that resumes from cfg->load_full_state_path (the checkpoint's step + 1),
  * checked as the run and its dry run both check it: the checkpoint opens for a model of shape d,

@@ -20,12 +20,18 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     const qwen3_dims_t *d = &plan->dims;
     int64_t n = plan->num_params;
     const int64_t t_alloc = trace_now_ns();
-    if (!(s->params = alloc_floats(plan->params_bytes, "parameters", err, errlen)) ||
-        !(s->grads = alloc_floats(plan->grads_bytes, "gradients", err, errlen)) ||
+    void *params = arena_alloc((size_t)plan->params_bytes, "parameters", err, errlen);
+    if (plan->weights_bf16 && params) {
+        s->params_bf16 = params;
+        s->vectors32 = (float *)((char *)params + plan->params_vectors_offset);
+    } else {
+        s->params = params;
+    }
+    if (!params || !(s->grads = alloc_floats(plan->grads_bytes, "gradients", err, errlen)) ||
         !(s->adam_state = arena_alloc((size_t)plan->optimizer_bytes, "optimizer state", err, errlen)) ||
         !(s->acts = alloc_floats(plan->activations_bytes, "saved activations", err, errlen)) ||
         !(s->scratch = alloc_floats(plan->scratch_bytes, "scratch", err, errlen)) ||
-        (plan->bf16 && !(s->params_bf16 = arena_alloc((size_t)plan->params_bf16_bytes, "bf16 weight copy", err, errlen)))) {
+        (plan->params_bf16_bytes && !(s->params_bf16 = arena_alloc((size_t)plan->params_bf16_bytes, "bf16 weight copy", err, errlen)))) {
         train_state_destroy(s);
         return 1;
     }
@@ -34,9 +40,10 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     s->setup_touched_bytes = plan->arena_bytes; /* the buffers above are the plan's parts */
     int64_t shard_index = par ? comm_rank(par->shard) : 0;
     zero_shard_range(n, plan->shard_ranks, shard_index, &s->shard_lo, &s->shard_n);
-    const plan_optimizer_layout_t ol = plan_optimizer_layout(plan->shard_params, plan->mu_bf16);
+    const plan_optimizer_layout_t ol = plan_optimizer_layout(plan->shard_params, plan->mu_bf16, plan->weights_bf16);
     char *state = s->adam_state;
-    s->adam_v = (float *)state;
+    if (plan->weights_bf16) s->adam_v16 = (bf16_t *)state;
+    else s->adam_v = (float *)state;
     if (plan->mu_bf16) s->adam_m16 = (bf16_t *)(state + ol.m_offset);
     else s->adam_m = (float *)(state + ol.m_offset);
     s->norm_partials = (double *)(state + ol.partials_offset);
@@ -48,14 +55,17 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         return 1;
     }
     char params_file[4096];
+    /* With weight_dtype=bfloat16 the parameters are initialised or read in fp32 into the gradient
+     * buffer (as large, and unused until the first backward), then rounded into place. */
+    float *params32 = plan->weights_bf16 ? s->grads : s->params;
     s->resumed_step = -1;
     if (cfg->load_full_state_path[0]) {
         full_state_t fs;
         int rc = full_state_open(&fs, cfg->load_full_state_path, d, err, errlen);
         if (rc == 0) {
-            rc = qwen3_load_safetensors(s->params, d, fs.model_file, err, errlen) != 0 ||
-                 full_state_read_moments(&fs, s->shard_lo, s->shard_n, s->adam_m, s->adam_m16, s->adam_v, err,
-                                         errlen) != 0;
+            rc = qwen3_load_safetensors(params32, d, fs.model_file, err, errlen) != 0 ||
+                 full_state_read_moments(&fs, s->shard_lo, s->shard_n, s->adam_m, s->adam_m16, s->adam_v,
+                                         s->adam_v16, err, errlen) != 0;
             s->updates_done = fs.updates_done;
             s->resumed_step = fs.step;
             full_state_close(&fs);
@@ -66,18 +76,20 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         }
     } else if (cfg->load_parameters_path[0]) {
         if (checkpoint_parameters_file(cfg->load_parameters_path, params_file, sizeof params_file, err, errlen) != 0 ||
-            qwen3_load_safetensors(s->params, d, params_file, err, errlen) != 0) {
+            qwen3_load_safetensors(params32, d, params_file, err, errlen) != 0) {
             train_state_destroy(s);
             return 1;
         }
     } else {
-        qwen3_init_params(s->params, d, (uint64_t)cfg->init_weights_seed);
+        qwen3_init_params(params32, d, (uint64_t)cfg->init_weights_seed);
     }
-    if (s->params_bf16) bf16_from_f32_array(s->params_bf16, s->params, n);
+    if (s->params_bf16) bf16_from_f32_array(s->params_bf16, params32, n);
+    if (s->vectors32) qwen3_widen_vectors(s->vectors32, d, s->params_bf16);
     s->setup_params_s = (double)(trace_now_ns() - t_params) * 1e-9;
     qwen3_options_t opt = {.num_threads = plan->num_threads, .remat = plan->remat, .rows = plan->rows,
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
-                           .bf16 = plan->bf16, .gemm_library = lib, .trace = trace};
+                           .bf16 = plan->bf16, .weights_bf16 = plan->weights_bf16, .gemm_library = lib,
+                           .trace = trace};
     const bool data_parallel = par && comm_size(par->world) > 1;
     /* One rank: the gradient buffer is the one the norm is taken over, and the weight gradients'
      * products of the step's last pass store its final values, so they may take their squares
@@ -85,7 +97,8 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     opt.grad_sumsq = !data_parallel;
     if (data_parallel) {
         zero_options_t zo = {.world = par->world, .shard = par->shard, .replica = par->replica, .num_params = n,
-                             .params = s->params, .grads = s->grads, .grad_shard = s->grad_shard, .trace = trace,
+                             .params = s->params, .params16 = s->params ? NULL : (uint16_t *)s->params_bf16,
+                             .grads = s->grads, .grad_shard = s->grad_shard, .trace = trace,
                              .comm_lane = par->comm_lane, .compute_lane = par->compute_lane};
         if (!(s->zero = zero_create(&zo, err, errlen))) {
             train_state_destroy(s);
@@ -94,11 +107,13 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         opt.grads_ready = zero_grads_ready;
         opt.grads_ready_arg = s->zero;
     }
-    if (!(s->model = qwen3_create(d, &opt, s->params, s->params_bf16, s->grads, s->acts, s->scratch, s->gemm,
-                                  err, errlen))) {
+    if (!(s->model = qwen3_create(d, &opt, plan->weights_bf16 ? s->vectors32 : s->params, s->params_bf16, s->grads,
+                                  s->acts, s->scratch, s->gemm, err, errlen))) {
         train_state_destroy(s);
         return 1;
     }
+    /* The fp32 parameters left there: the gradients the first backward adds into start at zero. */
+    if (plan->weights_bf16) qwen3_zero_accumulated_grads(s->model);
     s->adam = (adamw_hparams_t){.lr = (float)cfg->learning_rate, .b1 = (float)cfg->adam_b1,
                                 .b2 = (float)cfg->adam_b2, .eps = (float)cfg->adam_eps,
                                 .weight_decay = (float)cfg->adam_weight_decay};
@@ -115,8 +130,12 @@ void train_state_destroy(train_state_t *s) {
     zero_destroy(s->zero);
     qwen3_destroy(s->model);
     gemm_destroy(s->gemm);
-    arena_free(s->params, s->plan.params_bytes);
-    arena_free(s->params_bf16, s->plan.params_bf16_bytes);
+    if (s->plan.weights_bf16) {
+        arena_free(s->params_bf16, s->plan.params_bytes);
+    } else {
+        arena_free(s->params, s->plan.params_bytes);
+        arena_free(s->params_bf16, s->plan.params_bf16_bytes);
+    }
     arena_free(s->grads, s->plan.grads_bytes);
     arena_free(s->adam_state, s->plan.optimizer_bytes);
     arena_free(s->acts, s->plan.activations_bytes);
@@ -155,7 +174,10 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     s->updates_done++;
     t0 = trace_begin(s->trace);
     bf16_t *p16 = s->params_bf16 ? s->params_bf16 + s->shard_lo : NULL;
-    if (s->adam_m16)
+    if (s->plan.weights_bf16)
+        adamw_update_w16(p16, s->adam_m, s->adam_m16, s->adam_v16, s->grad_shard, n, s->updates_done,
+                         (float)(scale * inv_sum), &s->adam);
+    else if (s->adam_m16)
         adamw_update_m16(s->params + s->shard_lo, s->adam_m16, s->adam_v, s->grad_shard, n, s->updates_done,
                          (float)(scale * inv_sum), &s->adam, p16);
     else
@@ -169,12 +191,13 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     if (s->zero) {
         zero_gather_params(s->zero);
         /* The update wrote the bf16 copy of this rank's shard only; the rest came in fp32. */
-        if (s->params_bf16) {
+        if (s->params && s->params_bf16) {
             int64_t total = s->plan.num_params, hi = s->shard_lo + n;
             bf16_from_f32_array(s->params_bf16, s->params, s->shard_lo);
             bf16_from_f32_array(s->params_bf16 + hi, s->params + hi, total - hi);
         }
     }
+    if (s->vectors32) qwen3_widen_vectors(s->vectors32, d, s->params_bf16);
     trace_end(s->trace, 0, s->span_optimizer, opt_span, 0);
 }
 

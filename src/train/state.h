@@ -25,9 +25,14 @@ typedef struct train_state {
     plan_t plan;
     float *params, *grads;
     void *adam_state;      /* the optimizer allocation (plan_optimizer_layout): v, m, norm partials */
-    float *adam_v, *adam_m; /* adam_m NULL where m is held in bf16 (mu_dtype=bfloat16) */
+    float *adam_v, *adam_m; /* adam_m NULL where m is held in bf16 (mu_dtype=bfloat16), adam_v with v16 */
     bf16_t *adam_m16;       /* mu_dtype=bfloat16: m; NULL otherwise */
-    bf16_t *params_bf16; /* dtype=bfloat16: bf16(params) for the matmuls; NULL otherwise */
+    bf16_t *adam_v16;       /* weight_dtype=bfloat16: v; NULL otherwise */
+    /* dtype=bfloat16: bf16(params) for the matmuls; with weight_dtype=bfloat16 the parameters
+     * themselves (params is NULL, and vectors32 holds the norm weights widened for their
+     * kernels); NULL in fp32 runs. */
+    bf16_t *params_bf16;
+    float *vectors32;
     /* This rank's optimizer shard: parameters [shard_lo, shard_lo + shard_n), their reduced
      * gradients in grad_shard (== grads + shard_lo with one rank), moments in adam_m (or
      * adam_m16) and adam_v. */

@@ -399,7 +399,7 @@ def test_tiny_run_outputs(tmp_path):
     assert f"{summ['memory/peak_rss_gib']:.3f}" == f"{peak_gib:.3f}"
     assert summ["memory/peak_rss_to_plan"] == pytest.approx(summ["memory/peak_rss_gib"] / summ["memory/plan_gib"], rel=1e-7)
     assert summ["learning/final_loss"] == recs[-1]["learning/loss"]
-    assert (summ["run_name"], summ["model_name"], summ["dtype"]) == (RUN, "tiny", "float32")
+    assert (summ["run_name"], summ["model_name"], summ["dtype"], summ["weight_dtype"]) == (RUN, "tiny", "float32", "float32")
     assert (summ["per_device_batch_size"], summ["max_target_length"], summ["num_ranks"]) == (2, 256, 1)
     assert (summ["steps_logged"], summ["summary_first_step"], summ["summary_last_step"]) == (5, 1, 4)
     # the other load while steps 1..4 ran: the line after the memory line, its figures in the file
@@ -1360,7 +1360,7 @@ def resumable_run(tmp_path, dtype, *extra, run_name=RUN, **kw):
 
 
 @pytest.mark.parametrize("dtype,micro,mu", [("float32", 1, ""), ("bfloat16", 1, ""), ("float32", 2, ""),
-                                             ("bfloat16", 1, "bfloat16")])
+                                             ("bfloat16", 1, "bfloat16"), ("bfloat16", 2, "weights")])
 def test_full_state_resumes_to_the_same_bits(tmp_path, dtype, micro, mu):
     """A run resumed from step 4's checkpoint (parameters, AdamW's moments and update count) runs
     steps 5..8 and computes the very losses and evaluations, to the last bit, that the run it
@@ -1370,8 +1370,10 @@ def test_full_state_resumes_to_the_same_bits(tmp_path, dtype, micro, mu):
     MaxText does (steps is the last step + 1), opens the profiler's window after its own first
     step, and leaves its own first step out of the summary. With gradient accumulation a step
     reads micro x 2 windows, from the resumed step's on. With mu_dtype=bfloat16 the first moment
-    is kept, written and read back in bf16."""
-    ga = f"gradient_accumulation_steps={micro} mu_dtype={mu}".split() if mu else [f"gradient_accumulation_steps={micro}"]
+    is kept, written and read back in bf16; with weight_dtype=bfloat16 ("weights") the parameters
+    and both moments are."""
+    ga = [f"gradient_accumulation_steps={micro}"] + {"": [], "bfloat16": ["mu_dtype=bfloat16"],
+                                                     "weights": ["weight_dtype=bfloat16"]}[mu]
     resumable_run(tmp_path, dtype, *ga)
     folder = run_dir(tmp_path) / "checkpoints" / "4"
     log = tmp_path / "events.txt"
@@ -1434,6 +1436,60 @@ def test_mu_dtype_bfloat16(tmp_path):
                   run_name=f"{run}_as_{mu}")
         assert "steps 5..5 run now" in r.stdout
         assert read_metrics(tmp_path, f"{run}_as_{mu}")[0][0]["step"] == 5
+
+
+def plan_vector_floats(plan):
+    """The norm weights' count from a dry run's shape line: per layer the two layer norms (D) and
+    the q/k norms (HD each, with qk_norm), and the final norm."""
+    dims = dict(kv.split("=") for kv in plan["shape"].split())
+    D, L, HD = int(dims["D"]), int(dims["L"]), int(dims["HD"])
+    return L * (2 * D + (2 * HD if dims["qk_norm"] == "true" else 0)) + D
+
+
+def test_weight_dtype_bfloat16(tmp_path):
+    """weight_dtype=bfloat16 (MaxText's key, with dtype=bfloat16) holds the parameters in bf16 only
+    (no fp32 master weights, no separate bf16 copy: the matmuls read them as they are) and AdamW's
+    moments in bf16 (mu_dtype "" follows weight_dtype, and v is held in the parameters' dtype, as
+    optax holds nu); the gradients stay fp32. The plan's bytes say so exactly: the bf16 values and
+    the norm weights widened for their kernels, and two bf16 moments. The update widens, computes
+    in fp32 and rounds each value it stores (test_kernels.c), so a weight moves by whole bf16
+    steps: over 8 steps the tiny model's losses stay within 5e-3 of the fp32 master weights' (the
+    rounding of each update is 2^-9 of a weight at most; measured 1.03e-3 at most, 2026-12-07) and
+    fall as theirs do. Checkpoints hold BF16 parameters and moments; a checkpoint of fp32 master
+    weights resumes with bf16 ones (rounded) and back (widened). dtype=float32 is refused."""
+    plan32 = parse_plan(stepscope(tmp_path, *FAST, "dtype=bfloat16", "mu_dtype=bfloat16", "--dry-run").stdout)
+    r = stepscope(tmp_path, *FAST, "dtype=bfloat16", "weight_dtype=bfloat16", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    plan = parse_plan(r.stdout)
+    n = int(plan["num_parameters"])
+    line = lambda b: (b + 63) // 64 * 64
+    assert int(plan["memory_parameters_bytes"]) == line(2 * n) + 4 * plan_vector_floats(plan)
+    assert int(plan["memory_bf16_weights_bytes"]) == 0 and int(plan32["memory_bf16_weights_bytes"]) == 2 * n
+    assert (int(plan32["memory_optimizer_state_bytes"]) - int(plan["memory_optimizer_state_bytes"])
+            == line(4 * n) - line(2 * n))
+    assert int(plan["memory_gradients_bytes"]) == int(plan32["memory_gradients_bytes"]) == 4 * n
+    assert plan["weight_dtype"].startswith("bfloat16") and plan["mu_dtype"].startswith("bfloat16")
+    assert plan32["weight_dtype"].startswith("float32")
+    ck = ["enable_checkpointing=true", "checkpoint_period=4", "dtype=bfloat16"]
+    train(tmp_path, "steps=8", *ck, run_name="master")
+    train(tmp_path, "steps=8", "weight_dtype=bfloat16", *ck, run_name="bf16")
+    a, b = (list(map(float, raw_losses(read_metrics(tmp_path, run)[1]))) for run in ("master", "bf16"))
+    for x, y in zip(a, b):
+        assert abs(x - y) <= 5e-3 * abs(x), (a, b)
+    assert b[-1] < 0.95 * b[0] and a != b, (a, b)
+    assert json.loads((run_dir(tmp_path, "bf16") / "summary.json").read_text())["weight_dtype"] == "bfloat16"
+    folder = run_dir(tmp_path, "bf16") / "checkpoints" / "4"
+    header, _ = safetensors_header(folder / "model.safetensors")
+    assert {t["dtype"] for k, t in header.items() if k != "__metadata__"} == {"BF16"}
+    header, _ = safetensors_header(folder / OPTIMIZER_FILE)
+    assert (header["exp_avg"]["dtype"], header["exp_avg_sq"]["dtype"]) == ("BF16", "BF16")
+    for run, weights in (("master", "bfloat16"), ("bf16", "float32")):
+        r = train(tmp_path, "steps=6", "dtype=bfloat16", f"weight_dtype={weights}",
+                  f"load_full_state_path={run_dir(tmp_path, run) / 'checkpoints' / '4'}", run_name=f"{run}_as_{weights}")
+        assert "steps 5..5 run now" in r.stdout
+        assert read_metrics(tmp_path, f"{run}_as_{weights}")[0][0]["step"] == 5
+    r = stepscope(tmp_path, *FAST, "weight_dtype=bfloat16")
+    assert r.returncode == 2 and "weight_dtype=bfloat16 (command line) needs dtype=bfloat16" in r.stderr, r.stderr
 
 
 def test_full_state_refusals_before_set_up(tmp_path):

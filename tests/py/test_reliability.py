@@ -262,7 +262,7 @@ BAD_INPUTS = [
     ("path without tokens", _args("dataset_path=x.bin"), 2, ["dataset_path=x.bin", "dataset_type=tokens"]),
     ("preset key without override", _args("base_emb_dim=32"), 2, ["base_emb_dim", "override_model_config=true"]),
     ("odd head_dim", _args("model_name=default", "head_dim=15"), 2, ["head_dim=15", "even"]),
-    ("not supported: bf16 master weights", _args("weight_dtype=bfloat16"), 2, ["weight_dtype=bfloat16", "float32"]),
+    ("bf16 weights without bf16 matmuls", _args("weight_dtype=bfloat16"), 2, ["weight_dtype=bfloat16", "dtype=bfloat16"]),
     ("not allowed: remat policy", _args("remat_policy=partial"), 2, ["remat_policy=partial", "minimal"]),
     ("not allowed: first moment dtype", _args("mu_dtype=float16"), 2, ["mu_dtype=float16", "bfloat16"]),
     ("checkpoint period zero", _args("enable_checkpointing=true", "checkpoint_period=0"), 2, ["checkpoint_period=0"]),

@@ -89,12 +89,14 @@ def test_first_losses_match_stepscope(tmp_path, case):
 
 @pytest.mark.parametrize("override,needle", [
     ("gradient_accumulation_steps=2", "compare with per_device_batch_size=4 (the same update)"),
-    ("mu_dtype=bfloat16", "the reference keeps torch AdamW's fp32 moments; compare with mu_dtype=float32")])
+    ("mu_dtype=bfloat16", "the reference keeps torch AdamW's fp32 moments; compare with mu_dtype=float32"),
+    ("dtype=bfloat16 weight_dtype=bfloat16", "the reference keeps fp32 parameters and AdamW moments; compare with "
+                                             "weight_dtype=float32")])
 def test_reference_refuses_what_it_does_not_compute(tmp_path, override, needle):
     """A setting the reference would not compute as stepscope does is refused in one line with the
     setting to compare against, rather than timed as if it were the same step."""
     r = subprocess.run([TORCH_PY, str(REFERENCE), "--bin", str(BIN), "--threads", "1", "--quiet", "model_name=tiny",
-                        "steps=1", override], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                        "steps=1", *override.split()], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 2 and needle in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert list(tmp_path.iterdir()) == []
 
