@@ -659,6 +659,21 @@ def test_refuses_memory_plan_over_budget(tmp_path):
     assert_refused(r, tmp_path, "memory plan", "or set mu_dtype=bfloat16 (AdamW's first moment in bf16:")
     assert stepscope(tmp_path, "model_name=tiny", near, "mu_dtype=bfloat16", "--dry-run").returncode == 0
     assert "mu_dtype" not in stepscope(tmp_path, *FAST, between).stderr  # not where it would not fit
+    # weight_dtype=bfloat16 (bf16 parameters and moments) likewise, with the plan it would have
+    w16 = int(parse_plan(stepscope(tmp_path, "model_name=tiny", "dtype=bfloat16", "weight_dtype=bfloat16",
+                                   "--dry-run").stdout)["memory_total_bytes"])
+    r = stepscope(tmp_path, "model_name=tiny", "dtype=bfloat16", gib(w16 + 4096), "--dry-run")
+    assert_refused(r, tmp_path, "memory plan", "or set weight_dtype=bfloat16 (bf16 parameters and AdamW state: a "
+                   f"plan of {w16 / 2**30:.2f} GiB)")
+    assert stepscope(tmp_path, "model_name=tiny", gib(w16 + 4096), "dtype=bfloat16", "weight_dtype=bfloat16",
+                     "--dry-run").returncode == 0
+    r = stepscope(tmp_path, "model_name=tiny", "dtype=bfloat16", gib(w16 - 4096), "--dry-run")
+    assert r.returncode == 2 and "weight_dtype" not in r.stderr, r.stderr  # not where it would not fit
+    # and from fp32 matmuls it names dtype=bfloat16 with it (qwen3-1.7b, whose state alone is over)
+    r = stepscope(tmp_path, "model_name=qwen3-1.7b", "per_device_batch_size=1", "max_target_length=1024",
+                  "memory_limit_gib=21", "--dry-run")
+    assert_refused(r, tmp_path, "memory plan", "AdamW state alone", "or set weight_dtype=bfloat16 dtype=bfloat16 "
+                   "(bf16 parameters and AdamW state: a plan of 19.36 GiB)")
     # over by the parameters and gradients: neither a batch nor ranks fit it
     r = stepscope(tmp_path, *FAST, gib(whole // 2))
     assert_refused(r, tmp_path, "memory plan", "gradients alone", "smaller model_name")

@@ -580,7 +580,8 @@ VG_BIN = ROOT / "build-vg" / "stepscope"
 @pytest.mark.parametrize("case", ["run", "refused", "resumed"])
 def test_valgrind_no_leaks_no_errors(tmp_path, case):
     """A tiny run with a profiled step (a run refused at load, a run resumed from a checkpoint that
-    writes two, the first beside the next step, its fp32 first moment read into mu_dtype=bfloat16)
+    writes two, the first beside the next step, its fp32 parameters and moments read into
+    weight_dtype=bfloat16's bf16 ones)
     under memcheck: no invalid access, no uninitialised use, no definitely lost block. No
     suppressions are needed."""
     args = [str(CONFIG), "model_name=tiny", f"device_peak_tflops={PEAK}", "num_threads=1", "steps=2",
@@ -592,7 +593,7 @@ def test_valgrind_no_leaks_no_errors(tmp_path, case):
         p = run(tmp_path, [*args, "profiler=", "steps=1", "enable_checkpointing=true", "run_name=first"])
         assert p.returncode == 0, p.stderr
         args += ["profiler=", "steps=3", "enable_checkpointing=true", "checkpoint_period=1", "async_checkpointing=true",
-                 "mu_dtype=bfloat16",
+                 "dtype=bfloat16", "weight_dtype=bfloat16",
                  f"load_full_state_path={tmp_path / 'out' / 'first' / 'checkpoints' / '0'}"]
     else:
         bad = tmp_path / "bad.safetensors"
