@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dtype=bfloat16 against float32 on one config, side by side in one run: the loss curve (every
-# step, relative difference) and the step time (median, tokens/s, ratio); and a third run with
-# bf16 weights as well (weight_dtype=bfloat16: no fp32 master copy, bf16 AdamW moments). The data is a token
+# step, relative difference) and the step time (median, tokens/s, ratio); and two more with bf16
+# weights as well (weight_dtype=bfloat16: no fp32 master copy, bf16 AdamW moments), their updates
+# rounded to nearest and stochastically (stochastic_rounding=true). The data is a token
 # file with structure to learn (each token follows from the previous one by a fixed rule, with
 # 10% random tokens), so the curve falls (below ln(vocab) = 11.93 within 30 steps at lr 1e-4:
 # 11.55 at step 29 on 2026-12-07) and a drift would show.
@@ -28,23 +29,32 @@ common=(model_name=qwen3-0.6b per_device_batch_size=1 max_target_length=256 lear
 build/stepscope configs/base.yml "${common[@]}" dtype=float32 run_name=fp32 >"$out/fp32.log"
 build/stepscope configs/base.yml "${common[@]}" dtype=bfloat16 run_name=bf16 >"$out/bf16.log"
 build/stepscope configs/base.yml "${common[@]}" dtype=bfloat16 weight_dtype=bfloat16 run_name=w16 >"$out/w16.log"
+build/stepscope configs/base.yml "${common[@]}" dtype=bfloat16 weight_dtype=bfloat16 stochastic_rounding=true \
+    run_name=w16sr >"$out/w16sr.log"
 python3 - "$out" <<'PY'
 import json, statistics, sys
 out = sys.argv[1]
 def recs(run):
     return [json.loads(l) for l in open(f"{out}/{run}/metrics.jsonl")]
-a, b, w = recs("fp32"), recs("bf16"), recs("w16")
-print(f"{'step':>4} {'fp32 loss':>10} {'bf16 loss':>10} {'rel diff':>9} {'bf16 w loss':>11} {'rel diff':>9}")
-worst = worst_w = 0.0
-for x, y, z in zip(a, b, w):
-    d = abs(y["learning/loss"] - x["learning/loss"]) / x["learning/loss"]
-    dw = abs(z["learning/loss"] - x["learning/loss"]) / x["learning/loss"]
-    worst, worst_w = max(worst, d), max(worst_w, dw)
-    print(f"{x['step']:>4} {x['learning/loss']:>10.4f} {y['learning/loss']:>10.4f} {100*d:>8.3f}% "
-          f"{z['learning/loss']:>11.4f} {100*dw:>8.3f}%")
-ta, tb, tw = (statistics.median(r["perf/step_time_seconds"] for r in run[1:]) for run in (a, b, w))
+runs = {"bf16": recs("bf16"), "bf16 w": recs("w16"), "bf16 w sr": recs("w16sr")}
+a = recs("fp32")
+print(f"{'step':>4} {'fp32 loss':>10}" + "".join(f" {name + ' loss':>14} {'rel diff':>9}" for name in runs))
+worst = dict.fromkeys(runs, 0.0)
+for i, x in enumerate(a):
+    row = f"{x['step']:>4} {x['learning/loss']:>10.4f}"
+    for name, run in runs.items():
+        y = run[i]["learning/loss"]
+        d = abs(y - x["learning/loss"]) / x["learning/loss"]
+        worst[name] = max(worst[name], d)
+        row += f" {y:>14.4f} {100*d:>8.3f}%"
+    print(row)
+print("loss curve, worst step's difference from fp32 (bar for bf16: 2%): " +
+      ", ".join(f"{name} {100*w:.3f}%" for name, w in worst.items()))
 tok = a[0]["perf/per_device_tokens"]
-print(f"loss curve: worst step differs by {100*worst:.3f}% (bar: 2%); with bf16 weights {100*worst_w:.3f}%")
-print(f"median step (step 0 left out): fp32 {ta:.3f} s ({tok/ta:.1f} tokens/s), bf16 {tb:.3f} s ({tok/tb:.1f} tokens/s): "
-      f"bf16 {ta/tb:.2f}x the fp32 tokens/s; bf16 weights {tw:.3f} s ({tok/tw:.1f} tokens/s), {ta/tw:.2f}x")
+ta = statistics.median(r["perf/step_time_seconds"] for r in a[1:])
+parts = []
+for name, run in runs.items():
+    t = statistics.median(r["perf/step_time_seconds"] for r in run[1:])
+    parts.append(f"{name} {t:.3f} s ({tok/t:.1f} tokens/s, {ta/t:.2f}x)")
+print(f"median step (step 0 left out): fp32 {ta:.3f} s ({tok/ta:.1f} tokens/s); " + "; ".join(parts))
 PY

@@ -1600,7 +1600,7 @@ static void test_adamw_update_w16(void **state) {
             p[i] = bf16_to_f32(p16[i]), m[i] = bf16_to_f32(m16[i]), v[i] = bf16_to_f32(v16[i]);
         float *g_before = fdup(g, (size_t)n), *v_fp32_m = falloc(n);
         adamw_update(p, m, v, g, n, step, 0.5f, &hp, NULL);
-        adamw_update_w16(p16, NULL, m16, v16, g, n, step, 0.5f, &hp);
+        adamw_update_w16(p16, NULL, m16, v16, g, n, step, 0.5f, &hp, NULL);
         assert_memory_equal(g, g_before, (size_t)n * sizeof(float));
         for (int64_t i = 0; i < n; i++) {
             if (p16[i] != bf16_from_f32(p[i]) || m16[i] != bf16_from_f32(m[i]) || v16[i] != bf16_from_f32(v[i]))
@@ -1610,7 +1610,7 @@ static void test_adamw_update_w16(void **state) {
         for (int64_t i = 0; i < n; i++)
             p[i] = bf16_to_f32(p16b[i]), v_fp32_m[i] = bf16_to_f32(v16b[i]), m[i] = m32[i];
         adamw_update(p, m, v_fp32_m, g, n, step, 0.5f, &hp, NULL);
-        adamw_update_w16(p16b, m32, NULL, v16b, g, n, step, 0.5f, &hp);
+        adamw_update_w16(p16b, m32, NULL, v16b, g, n, step, 0.5f, &hp, NULL);
         assert_memory_equal(m32, m, (size_t)n * sizeof(float));
         for (int64_t i = 0; i < n; i++)
             if (p16b[i] != bf16_from_f32(p[i]) || v16b[i] != bf16_from_f32(v_fp32_m[i]))
@@ -1620,9 +1620,65 @@ static void test_adamw_update_w16(void **state) {
     bf16_t one = bf16_from_f32(1.0f), mo = 0, vo = bf16_from_f32(1.0f);
     const float tiny_step = 1e-4f; /* below half of 1's last place in bf16 (2^-8 = 3.9e-3) */
     const adamw_hparams_t small = {.lr = 1e-4f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-    adamw_update_w16(&one, NULL, &mo, &vo, &tiny_step, 1, 5, 1.0f, &small);
+    adamw_update_w16(&one, NULL, &mo, &vo, &tiny_step, 1, 5, 1.0f, &small, NULL);
     assert_int_equal(one, bf16_from_f32(1.0f));
     free(p), free(m), free(v), free(g), free(m32), free(p16), free(m16), free(v16), free(p16b), free(v16b);
+}
+
+/* Stochastic rounding (stochastic_rounding=true): bf16_from_f32_stochastic truncates with r = 0,
+ * rounds up with r = 0xffff unless the value is exact, keeps exact values and NaN whatever r. In
+ * the update, weights of 1 given a step of 1.01e-4 (a fortieth of bf16's gap below 1, 2^-8)
+ * stay 1 to nearest but move by the step on average: over 65536 weights each ends at 1 or
+ * 1 - 2^-8, so the mean's standard deviation is 2^-8·sqrt(q(1-q)/65536) ≈ 2.4e-6 for q ≈ 0.026;
+ * bound 1.5e-5 (6σ). The draws go by the global index: one call over all the weights and two over
+ * shards (index0 = the second's first) store the same bits; another step draws anew. */
+static void test_adamw_stochastic_rounding(void **state) {
+    (void)state;
+    const float exact = 1.5f, between = 1.0f + 0.3f / 128.0f; /* bf16 steps by 2^-7 in [1, 2) */
+    for (uint32_t r = 0; r < 0x10000u; r += 0x3333u) assert_int_equal(bf16_from_f32_stochastic(exact, r), bf16_from_f32(exact));
+    assert_int_equal(bf16_from_f32_stochastic(between, 0), bf16_from_f32(1.0f));
+    assert_int_equal(bf16_from_f32_stochastic(between, 0xffffu), bf16_from_f32(1.0f + 1.0f / 128.0f));
+    assert_true(isnan(bf16_to_f32(bf16_from_f32_stochastic(NAN, 0xffffu))));
+    const int64_t n = 65536;
+    const adamw_hparams_t hp = {.lr = 1e-4f, .b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    bf16_t *p = malloc((size_t)n * sizeof(bf16_t)), *m = calloc((size_t)n, sizeof(bf16_t)),
+           *v = calloc((size_t)n, sizeof(bf16_t)), *p2 = malloc((size_t)n * sizeof(bf16_t)),
+           *m2 = calloc((size_t)n, sizeof(bf16_t)), *v2 = calloc((size_t)n, sizeof(bf16_t));
+    float *g = falloc(n);
+    fill_const(g, n, 1.0f);
+    for (int64_t i = 0; i < n; i++) p[i] = p2[i] = bf16_from_f32(1.0f);
+    adamw_rounding_t sr = {.stochastic = true, .seed = 12345, .index0 = 0};
+    adamw_update_w16(p, NULL, m, v, g, n, 1, 1.0f, &hp, &sr);
+    /* step 1: m̂ = g, v̂ = g², so the step is lr·(1/(1 + eps) + wd·1) */
+    double mean = 0.0, want = 1.0 - 1e-4 * (1.0 / (1.0 + 1e-8) + 0.1);
+    for (int64_t i = 0; i < n; i++) mean += bf16_to_f32(p[i]);
+    mean /= (double)n;
+    printf("# stochastic rounding: mean weight %.8f after a step to %.8f (|diff| %.2e, bound 1.5e-5)\n", mean, want,
+           fabs(mean - want));
+    CHECK_LE("stochastic rounding's mean against the fp32 update", fabs(mean - want), 1.5e-5);
+    const int64_t k = 2048 * 3 + 77;
+    adamw_rounding_t sr_hi = sr;
+    sr_hi.index0 = k;
+    adamw_update_w16(p2, NULL, m2, v2, g, k, 1, 1.0f, &hp, &sr);
+    adamw_update_w16(p2 + k, NULL, m2 + k, v2 + k, g + k, n - k, 1, 1.0f, &hp, &sr_hi);
+    assert_memory_equal(p, p2, (size_t)n * sizeof(bf16_t));
+    /* to nearest, the same step leaves every weight at 1 */
+    bf16_t *p3 = malloc((size_t)n * sizeof(bf16_t));
+    for (int64_t i = 0; i < n; i++) p3[i] = bf16_from_f32(1.0f);
+    memset(m2, 0, (size_t)n * sizeof(bf16_t)), memset(v2, 0, (size_t)n * sizeof(bf16_t));
+    adamw_update_w16(p3, NULL, m2, v2, g, n, 1, 1.0f, &hp, NULL);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(p3[i], bf16_from_f32(1.0f));
+    /* steps 2 and 3 from the same state draw other bits (b1 = b2 = 0: the same fp32 update at
+     * every step, so the draws alone differ) */
+    const adamw_hparams_t flat = {.lr = 1e-4f, .b1 = 0.0f, .b2 = 0.0f, .eps = 1e-8f, .weight_decay = 0.1f};
+    for (int64_t i = 0; i < n; i++) p3[i] = bf16_from_f32(1.0f);
+    memcpy(p2, p3, (size_t)n * sizeof(bf16_t));
+    memset(m, 0, (size_t)n * sizeof(bf16_t)), memset(v, 0, (size_t)n * sizeof(bf16_t));
+    memset(m2, 0, (size_t)n * sizeof(bf16_t)), memset(v2, 0, (size_t)n * sizeof(bf16_t));
+    adamw_update_w16(p2, NULL, m, v, g, n, 2, 1.0f, &flat, &sr);
+    adamw_update_w16(p3, NULL, m2, v2, g, n, 3, 1.0f, &flat, &sr);
+    assert_true(memcmp(p2, p3, (size_t)n * sizeof(bf16_t)) != 0);
+    free(p), free(m), free(v), free(p2), free(m2), free(v2), free(p3), free(g);
 }
 
 /* Σ g² over 3 full blocks and a partial one against double: each float partial sums 1024
@@ -2100,6 +2156,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_update),
         cmocka_unit_test(test_adamw_update_m16),
         cmocka_unit_test(test_adamw_update_w16),
+        cmocka_unit_test(test_adamw_stochastic_rounding),
         cmocka_unit_test(test_adamw_sum_squares),
         cmocka_unit_test(test_adamw_clip_scale),
         {"test_attention_forward (micro-GEMM blocks)", test_attention_forward, NULL, NULL, NULL},

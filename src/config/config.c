@@ -553,6 +553,10 @@ static int check_cross(loader_t *L) {
         return fail(L, "weight_dtype=bfloat16 %s needs dtype=bfloat16 %s (the matmuls read the bf16 weights as they "
                        "are); set dtype=bfloat16, or weight_dtype=float32",
                     ORIGIN(weight_dtype), ORIGIN(dtype));
+    if (c->stochastic_rounding && c->weight_dtype != DTYPE_BFLOAT16)
+        return fail(L, "stochastic_rounding=true %s rounds bf16 weights, but weight_dtype=%s %s keeps fp32 master "
+                       "weights; set weight_dtype=bfloat16 dtype=bfloat16, or stochastic_rounding=false",
+                    ORIGIN(stochastic_rounding), dtype_name(c->weight_dtype), ORIGIN(weight_dtype));
     if (c->load_parameters_path[0] && c->load_full_state_path[0])
         return fail(L, "load_parameters_path=%s %s and load_full_state_path=%s %s: at most one of them; "
                        "load_full_state_path resumes a run (parameters and optimizer state), "

@@ -41,6 +41,7 @@ typedef struct config {
     dtype_t dtype;             /* compute dtype of the matmuls */
     dtype_t weight_dtype;      /* master weights and optimizer state */
     char mu_dtype[CONFIG_STR_MAX]; /* AdamW's m: "" (weight_dtype's), "float32"/"fp32", "bfloat16"/"bf16" */
+    bool stochastic_rounding;  /* weight_dtype=bfloat16: the updated weights rounded stochastically */
     int64_t init_weights_seed;
     /* optimizer */
     double learning_rate;
@@ -59,7 +60,7 @@ typedef struct config {
     /* outputs */
     bool enable_checkpointing;
     int64_t checkpoint_period;
-    bool async_checkpointing; /* false only */
+    bool async_checkpointing; /* the checkpoint after step k written beside step k+1 (train/loop.c) */
     char load_parameters_path[CONFIG_STR_MAX];
     char load_full_state_path[CONFIG_STR_MAX];
     char metrics_file[CONFIG_STR_MAX]; /* "" = <base_output_directory>/<run_name>/metrics.jsonl */

@@ -71,9 +71,29 @@ static inline void block_m16(float *p, bf16_t *m16, float *m_new, float *v, cons
     bf16_from_f32_block(m16 + i0, m_new, i1 - i0);
 }
 
-/* weight_dtype=bfloat16: p and v in bf16, m in fp32 (m) or bf16 (m16; the other NULL). */
+/* p16[i0, i1) = stochastic bf16 of p_new (stochastic rounding's draws: 16 bits of the hash of
+ * the value's global index index0 + i, keyed by the run's seed and the step). */
+static inline void store_stochastic(bf16_t *p16, const float *p_new, int64_t i0, int64_t i1, uint32_t key,
+                                    int64_t index0) {
+    uint64_t first = (uint64_t)(index0 + i0);
+    /* The high half of the index keys the hash once a block (it changes at most once in one). */
+    uint32_t key_hi = bf16_hash32(key ^ (uint32_t)(first >> 32)), lo0 = (uint32_t)first;
+    if ((uint64_t)lo0 + (uint64_t)(i1 - i0) > 0x100000000ull) { /* the low half wraps here: split */
+        int64_t split = i0 + (int64_t)(0x100000000ull - lo0);
+        store_stochastic(p16, p_new, i0, split, key, index0);
+        store_stochastic(p16, p_new, split, i1, key, index0);
+        return;
+    }
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++)
+        p16[i] = bf16_from_f32_stochastic(p_new[i - i0], bf16_hash32((lo0 + (uint32_t)(i - i0)) ^ key_hi));
+}
+
+/* weight_dtype=bfloat16: p and v in bf16, m in fp32 (m) or bf16 (m16; the other NULL). key != 0:
+ * p rounded stochastically (store_stochastic). */
 static inline void block_w16(bf16_t *p16, float *m, bf16_t *m16, bf16_t *v16, float *p_new, float *m_new,
-                             float *v_new, const float *g, int64_t i0, int64_t i1, const adamw_step_t *c) {
+                             float *v_new, const float *g, int64_t i0, int64_t i1, const adamw_step_t *c,
+                             uint32_t key, int64_t index0) {
     if (m16) {
 #pragma omp simd
         for (int64_t i = i0; i < i1; i++) {
@@ -95,15 +115,24 @@ static inline void block_w16(bf16_t *p16, float *m, bf16_t *m16, bf16_t *v16, fl
         }
     }
     bf16_from_f32_block(v16 + i0, v_new, i1 - i0);
-    bf16_from_f32_block(p16 + i0, p_new, i1 - i0);
+    if (key) store_stochastic(p16, p_new, i0, i1, key, index0);
+    else bf16_from_f32_block(p16 + i0, p_new, i1 - i0);
 }
 
 /* One pass over n parameters: p and v in fp32 or bf16 (p16, v16; the fp32 pointer NULL), m in
  * fp32 or bf16 (m16), in blocks small enough that the bf16 stores read their fp32 values back
  * from L1, not memory. */
 static void update(float *p, bf16_t *p16, float *m, bf16_t *m16, float *v, bf16_t *v16, const float *g, int64_t n,
-                   int64_t step, float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16) {
+                   int64_t step, float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16,
+                   const adamw_rounding_t *rounding) {
     const adamw_step_t c = step_constants(h, step, grad_scale);
+    /* Stochastic rounding's key for this step (never 0, which means to nearest). */
+    uint32_t key = 0;
+    int64_t index0 = 0;
+    if (rounding && rounding->stochastic) {
+        key = bf16_hash32(rounding->seed ^ bf16_hash32((uint32_t)step ^ 0x9e3779b9u)) | 1u;
+        index0 = rounding->index0;
+    }
     enum { BLOCK = 2048 };
     int64_t nblocks = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel
@@ -112,7 +141,7 @@ static void update(float *p, bf16_t *p16, float *m, bf16_t *m16, float *v, bf16_
 #pragma omp for schedule(static) nowait
         for (int64_t b = 0; b < nblocks; b++) {
             int64_t i0 = b * BLOCK, i1 = i0 + BLOCK < n ? i0 + BLOCK : n;
-            if (p16) block_w16(p16, m, m16, v16, p_new, m_new, v_new, g, i0, i1, &c);
+            if (p16) block_w16(p16, m, m16, v16, p_new, m_new, v_new, g, i0, i1, &c, key, index0);
             else if (m16) block_m16(p, m16, m_new, v, g, i0, i1, &c);
             else block_f32(p, m, v, g, i0, i1, &c);
             /* Streamed: the copy is read next by the forward's GEMMs, from memory (1.2 GB for
@@ -126,15 +155,15 @@ static void update(float *p, bf16_t *p16, float *m, bf16_t *m16, float *v, bf16_
 
 void adamw_update(float *p, float *m, float *v, const float *g, int64_t n, int64_t step,
                   float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16) {
-    update(p, NULL, m, NULL, v, NULL, g, n, step, grad_scale, h, p_bf16);
+    update(p, NULL, m, NULL, v, NULL, g, n, step, grad_scale, h, p_bf16, NULL);
 }
 
 void adamw_update_m16(float *p, bf16_t *m, float *v, const float *g, int64_t n, int64_t step,
                       float grad_scale, const adamw_hparams_t *h, bf16_t *p_bf16) {
-    update(p, NULL, NULL, m, v, NULL, g, n, step, grad_scale, h, p_bf16);
+    update(p, NULL, NULL, m, v, NULL, g, n, step, grad_scale, h, p_bf16, NULL);
 }
 
 void adamw_update_w16(bf16_t *p, float *m, bf16_t *m16, bf16_t *v, const float *g, int64_t n, int64_t step,
-                      float grad_scale, const adamw_hparams_t *h) {
-    update(NULL, p, m, m16, NULL, v, g, n, step, grad_scale, h, NULL);
+                      float grad_scale, const adamw_hparams_t *h, const adamw_rounding_t *rounding) {
+    update(NULL, p, m, m16, NULL, v, g, n, step, grad_scale, h, NULL, rounding);
 }

@@ -10,6 +10,7 @@
 #ifndef STEPSCOPE_ADAMW_H
 #define STEPSCOPE_ADAMW_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels/bf16.h"
@@ -42,7 +43,16 @@ void adamw_update_m16(float *p, bf16_t *m, float *v, const float *g, int64_t n, 
  * fp32 (m, with m16 NULL) or bf16 (m16, with m NULL; mu_dtype), g in fp32. Each bf16 value is
  * widened, updated in fp32 and stored rounded to nearest even, so an update smaller than half
  * of p's last place leaves p as it was, as in MaxText. 14 bytes a parameter with m16. */
+typedef struct adamw_rounding {
+    bool stochastic; /* stochastic_rounding: the updated weights rounded stochastically (unbiased) */
+    uint32_t seed;   /* with the step and a weight's index, picks its draw */
+    int64_t index0;  /* the index of p[0] in the whole parameter vector (a shard's first) */
+} adamw_rounding_t;
+/* rounding NULL or not stochastic: p to nearest even, as m and v always are. Stochastic: p
+ * rounded up with the probability that makes its expectation the fp32 value (bf16_from_f32_
+ * stochastic), each value's 16 bits drawn from (seed, step, index0 + i), so an update smaller
+ * than half a bf16 step moves a weight on average instead of never. */
 void adamw_update_w16(bf16_t *p, float *m, bf16_t *m16, bf16_t *v, const float *g, int64_t n, int64_t step,
-                      float grad_scale, const adamw_hparams_t *h);
+                      float grad_scale, const adamw_hparams_t *h, const adamw_rounding_t *rounding);
 
 #endif

@@ -18,6 +18,26 @@ static inline bf16_t bf16_from_f32(float f) {
     return (bf16_t)(u >> 16);
 }
 
+/* Stochastic rounding: up with probability (f's distance from the bf16 value below it) / (the
+ * gap to the one above), from 16 random bits r: unbiased, E[bf16] = f. NaN as above. */
+static inline bf16_t bf16_from_f32_stochastic(float f, uint32_t r) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    return (bf16_t)((u + (r & 0xffffu)) >> 16);
+}
+
+/* 32 well-mixed bits of x (Chris Wellons' lowbias32): the draws of stochastic rounding, by
+ * index, so that they depend on neither threads nor shards. */
+static inline uint32_t bf16_hash32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
 static inline float bf16_to_f32(bf16_t b) {
     uint32_t u = (uint32_t)b << 16;
     float f;

@@ -101,6 +101,7 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->tflops_per_device = plan_tflops_training_per_device(d) * (double)p->micro_batches;
     uint64_t n = (uint64_t)p->num_params, f = sizeof(float);
     p->weights_bf16 = cfg->weight_dtype == DTYPE_BFLOAT16;
+    p->stochastic_rounding = p->weights_bf16 && cfg->stochastic_rounding;
     p->params_vectors_offset = p->weights_bf16 ? (n * sizeof(bf16_t) + 63) / 64 * 64 : 0;
     p->params_bytes = p->weights_bf16 ? p->params_vectors_offset + (uint64_t)qwen3_vector_floats(d) * f : n * f;
     p->shard_params = zero_shard_floats(p->num_params, p->shard_ranks);
@@ -208,9 +209,13 @@ void plan_print(const plan_t *p, FILE *out) {
                                 : p->weights_bf16 ? "bfloat16 (matmul inputs; bf16 weights (weight_dtype), fp32 gradients)"
                                 : p->mu_bf16      ? "bfloat16 (matmul inputs; fp32 master weights, gradients, AdamW's v)"
                                                   : "bfloat16 (matmul inputs; fp32 master weights, gradients, optimizer)");
-    fprintf(out, "weight_dtype: %s\n", p->weights_bf16 ? "bfloat16 (the parameters and AdamW's v, updated in fp32 and "
-                                                        "stored rounded; no fp32 master copy)"
-                                                      : "float32 (master weights and AdamW's v)");
+    fprintf(out, "weight_dtype: %s\n", !p->weights_bf16 ? "float32 (master weights and AdamW's v)"
+                                        : p->stochastic_rounding
+                                            ? "bfloat16 (the parameters and AdamW's v, updated in fp32; the parameters "
+                                              "stored rounded stochastically (stochastic_rounding), v to nearest; no "
+                                              "fp32 master copy)"
+                                            : "bfloat16 (the parameters and AdamW's v, updated in fp32 and stored rounded "
+                                              "to nearest; no fp32 master copy)");
     fprintf(out, "mu_dtype: %s\n", p->mu_bf16 ? "bfloat16 (AdamW's first moment, updated in fp32 and stored rounded)"
                                                 : "float32 (AdamW's first moment)");
     fprintf(out, "xent_chunk_tokens: %lld\n", (long long)p->xent_chunk);

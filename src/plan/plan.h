@@ -38,6 +38,7 @@ typedef struct plan {
      * a 64-byte line the norm weights widened to fp32, qwen3_vector_floats; no bf16 copy) and
      * AdamW's v in bf16; the gradients stay fp32. */
     bool weights_bf16;
+    bool stochastic_rounding; /* weights_bf16: the updated weights rounded stochastically */
     uint64_t params_vectors_offset; /* weights_bf16: where in the parameters' bytes the fp32 norm weights start */
     /* The data threads' rings (data/data.h), outside the arena: prefetch_depth batches of token
      * ids, B·micro_batches rows of S + 1, and B rows for evaluation where it runs. */

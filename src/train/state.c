@@ -118,6 +118,11 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
                                 .b2 = (float)cfg->adam_b2, .eps = (float)cfg->adam_eps,
                                 .weight_decay = (float)cfg->adam_weight_decay};
     s->clip = cfg->gradient_clipping_threshold;
+    /* Keyed by the init seed: runs of one seed draw alike, whatever their ranks or threads. */
+    s->rounding = (adamw_rounding_t){.stochastic = plan->stochastic_rounding,
+                                     .seed = bf16_hash32((uint32_t)cfg->init_weights_seed ^
+                                                         (uint32_t)((uint64_t)cfg->init_weights_seed >> 32)),
+                                     .index0 = s->shard_lo};
     if (trace) {
         s->span_optimizer = trace_intern(trace, "optimizer", TRACE_CAT_PHASE, NULL);
         s->span_grad_norm = trace_intern(trace, "grad_norm", TRACE_CAT_OPTIMIZER, "optimizer");
@@ -176,7 +181,7 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     bf16_t *p16 = s->params_bf16 ? s->params_bf16 + s->shard_lo : NULL;
     if (s->plan.weights_bf16)
         adamw_update_w16(p16, s->adam_m, s->adam_m16, s->adam_v16, s->grad_shard, n, s->updates_done,
-                         (float)(scale * inv_sum), &s->adam);
+                         (float)(scale * inv_sum), &s->adam, &s->rounding);
     else if (s->adam_m16)
         adamw_update_m16(s->params + s->shard_lo, s->adam_m16, s->adam_v, s->grad_shard, n, s->updates_done,
                          (float)(scale * inv_sum), &s->adam, p16);

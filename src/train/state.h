@@ -44,6 +44,7 @@ typedef struct train_state {
     gemm_ctx_t *gemm;
     qwen3_model_t *model;
     adamw_hparams_t adam;
+    adamw_rounding_t rounding; /* weight_dtype=bfloat16: how the update rounds this rank's weights */
     double clip;
     int64_t updates_done;
     int64_t resumed_step; /* load_full_state_path: the step its checkpoint holds; -1 otherwise */

@@ -1375,7 +1375,8 @@ def resumable_run(tmp_path, dtype, *extra, run_name=RUN, **kw):
 
 
 @pytest.mark.parametrize("dtype,micro,mu", [("float32", 1, ""), ("bfloat16", 1, ""), ("float32", 2, ""),
-                                             ("bfloat16", 1, "bfloat16"), ("bfloat16", 2, "weights")])
+                                             ("bfloat16", 1, "bfloat16"), ("bfloat16", 2, "weights"),
+                                             ("bfloat16", 1, "weights_sr")])
 def test_full_state_resumes_to_the_same_bits(tmp_path, dtype, micro, mu):
     """A run resumed from step 4's checkpoint (parameters, AdamW's moments and update count) runs
     steps 5..8 and computes the very losses and evaluations, to the last bit, that the run it
@@ -1386,9 +1387,11 @@ def test_full_state_resumes_to_the_same_bits(tmp_path, dtype, micro, mu):
     step, and leaves its own first step out of the summary. With gradient accumulation a step
     reads micro x 2 windows, from the resumed step's on. With mu_dtype=bfloat16 the first moment
     is kept, written and read back in bf16; with weight_dtype=bfloat16 ("weights") the parameters
-    and both moments are."""
+    and both moments are, and with stochastic_rounding ("weights_sr") the resumed steps draw the
+    same roundings (by step and index)."""
     ga = [f"gradient_accumulation_steps={micro}"] + {"": [], "bfloat16": ["mu_dtype=bfloat16"],
-                                                     "weights": ["weight_dtype=bfloat16"]}[mu]
+                                                     "weights": ["weight_dtype=bfloat16"],
+                                                     "weights_sr": ["weight_dtype=bfloat16", "stochastic_rounding=true"]}[mu]
     resumable_run(tmp_path, dtype, *ga)
     folder = run_dir(tmp_path) / "checkpoints" / "4"
     log = tmp_path / "events.txt"
@@ -1505,6 +1508,14 @@ def test_weight_dtype_bfloat16(tmp_path):
         assert read_metrics(tmp_path, f"{run}_as_{weights}")[0][0]["step"] == 5
     r = stepscope(tmp_path, *FAST, "weight_dtype=bfloat16")
     assert r.returncode == 2 and "weight_dtype=bfloat16 (command line) needs dtype=bfloat16" in r.stderr, r.stderr
+    # stochastic_rounding: the weights move by their updates on average; the dry run says so
+    r = stepscope(tmp_path, *FAST, "dtype=bfloat16", "weight_dtype=bfloat16", "stochastic_rounding=true", "--dry-run")
+    assert "stored rounded stochastically (stochastic_rounding)" in parse_plan(r.stdout)["weight_dtype"], r.stdout
+    train(tmp_path, "steps=8", "dtype=bfloat16", "weight_dtype=bfloat16", "stochastic_rounding=true", run_name="sr")
+    sr = list(map(float, raw_losses(read_metrics(tmp_path, "sr")[1])))
+    assert sr[0] == b[0] and sr[1:] != b[1:] and sr[-1] < 0.95 * sr[0], (sr, b)
+    for x, y in zip(a, sr):
+        assert abs(x - y) <= 5e-3 * abs(x), (a, sr)
 
 
 def test_full_state_refusals_before_set_up(tmp_path):

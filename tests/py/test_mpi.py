@@ -37,8 +37,9 @@ MPI_ARGS = ["--oversubscribe", "--bind-to", "none"]
 # different order than one process sums its rows (fp32); measured here ~1e-9 over 5 steps.
 TOL = 1e-5
 # weight_dtype=bfloat16: such a last-bit difference can flip a weight's rounding to bf16 (a step
-# of 2^-9 of that weight) and so moves the losses by more than fp32's; measured 0 here over steps
-# 0..5 (2026-12-07: no rounding flipped), and a few flipped weights move a loss far less than this.
+# of 2^-9 of that weight) and so moves the losses by more than fp32's; measured over steps 0..5
+# (2026-12-07) 0 to nearest (no rounding flipped) and 1.2e-5 with stochastic_rounding; a few
+# flipped weights move a loss far less than this bound.
 TOL_BF16 = 1e-3
 
 
@@ -187,7 +188,7 @@ def test_checkpoints_of_ranks(tmp_path):
     assert abs(resumed - many) <= TOL * abs(many), (resumed, many)
 
 
-@pytest.mark.parametrize("mu", ["float32", "bfloat16", "weights"])
+@pytest.mark.parametrize("mu", ["float32", "bfloat16", "weights", "weights_sr"])
 def test_full_state_resumes_on_another_rank_count(tmp_path, mu):
     """AdamW's moments are kept as ranges of the flat parameter vector, so a checkpoint of 2 ranks
     resumes in one process and one of a process on 2 ranks (each reading its shard from the files
@@ -196,11 +197,14 @@ def test_full_state_resumes_on_another_rank_count(tmp_path, mu):
     moment in fp32 or in bf16 (mu_dtype), or with the parameters and both moments in bf16
     ("weights": weight_dtype=bfloat16, whose ranks gather bf16 parameters; there a difference in
     the reduction order's last bit can move a weight by a bf16 step, 2^-9 of it, hence TOL_BF16
-    for the cross-count runs). A checkpoint missing a shard's file is refused before set-up on
-    every rank."""
+    for the cross-count runs), and with their updates rounded stochastically ("weights_sr": each
+    weight's draw goes by its index in the whole vector, so a rank draws for its shard what one
+    process draws there). A checkpoint missing a shard's file is refused before set-up on every
+    rank."""
     dt = {"float32": ["mu_dtype=float32"], "bfloat16": ["mu_dtype=bfloat16"],
-          "weights": ["dtype=bfloat16", "weight_dtype=bfloat16"]}[mu]
-    tol = TOL_BF16 if mu == "weights" else TOL
+          "weights": ["dtype=bfloat16", "weight_dtype=bfloat16"],
+          "weights_sr": ["dtype=bfloat16", "weight_dtype=bfloat16", "stochastic_rounding=true"]}[mu]
+    tol = TOL_BF16 if mu.startswith("weights") else TOL
     ck = ["enable_checkpointing=true", "checkpoint_period=2", "steps=6", *dt]
     single(tmp_path, *FAST, "per_device_batch_size=4", "run_name=one", *ck)
     r = mpirun(tmp_path, 2, *FAST, "per_device_batch_size=2", "run_name=many", *ck)

@@ -263,6 +263,8 @@ BAD_INPUTS = [
     ("preset key without override", _args("base_emb_dim=32"), 2, ["base_emb_dim", "override_model_config=true"]),
     ("odd head_dim", _args("model_name=default", "head_dim=15"), 2, ["head_dim=15", "even"]),
     ("bf16 weights without bf16 matmuls", _args("weight_dtype=bfloat16"), 2, ["weight_dtype=bfloat16", "dtype=bfloat16"]),
+    ("stochastic rounding of fp32 weights", _args("stochastic_rounding=true"), 2,
+     ["stochastic_rounding=true", "weight_dtype=bfloat16"]),
     ("not allowed: remat policy", _args("remat_policy=partial"), 2, ["remat_policy=partial", "minimal"]),
     ("not allowed: first moment dtype", _args("mu_dtype=float16"), 2, ["mu_dtype=float16", "bfloat16"]),
     ("checkpoint period zero", _args("enable_checkpointing=true", "checkpoint_period=0"), 2, ["checkpoint_period=0"]),
@@ -372,7 +374,7 @@ def test_bad_input_refused(tmp_path, setup, code, needles, build):
 
 def test_bad_input_count():
     # the README's reliability table quotes this number
-    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 81
+    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 82
 
 
 # ---- 2. faults: a full disk, a read-only folder, truncated inputs -----------------------------
