@@ -107,10 +107,10 @@ int main(int argc, char **argv) {
             printf("first_step: %lld (resumed from load_full_state_path)\n", (long long)first_step);
         if (cfg.enable_checkpointing)
             printf("checkpoints: %lld (steps that are multiples of checkpoint_period=%lld, and the last)\n"
-                   "checkpoint_bytes_each: %llu (at most, over every rank: fp32 parameters, AdamW's two moments and "
-                   "the safetensors headers)\n",
+                   "checkpoint_bytes_each: %llu (at most, over every rank: the parameters and AdamW's two moments "
+                   "in the dtypes they are held in, and the safetensors headers)\n",
                    (long long)checkpoint_count(first_step, cfg.steps, cfg.checkpoint_period),
-                   (long long)cfg.checkpoint_period, (unsigned long long)checkpoint_bytes(&plan.dims));
+                   (long long)cfg.checkpoint_period, (unsigned long long)checkpoint_bytes(&cfg, &plan.dims));
     }
     rc = plan_check_memory(&plan, &cfg, err, sizeof err);
     if ((rc = comm_agree(world, rc, err)) != 0 || dry_run) return finish(world, rc);

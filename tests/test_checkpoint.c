@@ -74,8 +74,15 @@ static void test_space_needed(void **state) {
     config_t cfg;
     qwen3_dims_t d;
     tiny(&cfg, &d, "out", 5, 2);
-    uint64_t each = checkpoint_bytes(&d);
-    assert_true(each >= (uint64_t)qwen3_num_params(&d) * 12);
+    uint64_t each = checkpoint_bytes(&cfg, &d);
+    const uint64_t n = (uint64_t)qwen3_num_params(&d);
+    assert_true(each >= n * 12);
+    /* in the dtypes the files hold: bf16 m 2 bytes less a parameter, bf16 weights 6 */
+    config_t c16 = cfg;
+    snprintf(c16.mu_dtype, sizeof c16.mu_dtype, "bfloat16");
+    assert_int_equal(each - checkpoint_bytes(&c16, &d), 2 * n);
+    c16.weight_dtype = DTYPE_BFLOAT16;
+    assert_int_equal(each - checkpoint_bytes(&c16, &d), 6 * n);
     char err[512] = "";
     assert_int_equal(checkpoint_check_space(&cfg, &d, 3, 1 * each, err, sizeof err), 0); /* step 4 only */
     assert_int_equal(checkpoint_check_space(&cfg, &d, 0, 3 * each, err, sizeof err), 0);

@@ -29,9 +29,12 @@ uint64_t checkpoint_file_bytes(const qwen3_dims_t *d) {
     return (uint64_t)qwen3_num_params(d) * sizeof(float) + (uint64_t)qwen3_tensor_table(d, NULL) * 256 + 4096;
 }
 
-uint64_t checkpoint_bytes(const qwen3_dims_t *d) {
-    /* The moments' files: two tensors and a few metadata strings each, one file a rank. */
-    return 3 * checkpoint_file_bytes(d);
+uint64_t checkpoint_bytes(const config_t *cfg, const qwen3_dims_t *d) {
+    const uint64_t w = cfg->weight_dtype == DTYPE_BFLOAT16 ? 2 : 4, m = config_mu_dtype(cfg) == DTYPE_BFLOAT16 ? 2 : 4;
+    /* Each file's header allowance as model.safetensors': the moments' files (two tensors and a
+     * few metadata strings each, one a rank) need far less. */
+    const uint64_t headers = checkpoint_file_bytes(d) - (uint64_t)qwen3_num_params(d) * sizeof(float);
+    return (uint64_t)qwen3_num_params(d) * (w + m + w) + 3 * headers;
 }
 
 int checkpoint_folder(char *out, size_t n, const config_t *cfg, int64_t step) {
@@ -90,7 +93,7 @@ static double gib(uint64_t b) { return (double)b / 1073741824.0; }
 int checkpoint_check_space(const config_t *cfg, const qwen3_dims_t *d, int64_t first_step, uint64_t available_bytes,
                            char *err, size_t errlen) {
     int64_t count = checkpoint_count(first_step, cfg->steps, cfg->checkpoint_period);
-    uint64_t each = checkpoint_bytes(d), need = (uint64_t)count * each;
+    uint64_t each = checkpoint_bytes(cfg, d), need = (uint64_t)count * each;
     if (need <= available_bytes) return 0;
     snprintf(err, errlen,
              "enable_checkpointing: the run's %lld checkpoints (the steps that are multiples of checkpoint_period=%lld, and the last) need %.3f GiB "

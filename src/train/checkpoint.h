@@ -38,9 +38,9 @@ bool checkpoint_due(int64_t step, int64_t steps, int64_t period);
 int64_t checkpoint_count(int64_t first, int64_t steps, int64_t period);
 /* An upper bound of model.safetensors' size: the parameters in fp32 and the header. */
 uint64_t checkpoint_file_bytes(const qwen3_dims_t *d);
-/* An upper bound of a whole checkpoint's size over every rank: the parameters and AdamW's two
- * moments in fp32, and the headers. */
-uint64_t checkpoint_bytes(const qwen3_dims_t *d);
+/* An upper bound of a whole checkpoint's size over every rank: the parameters and v in
+ * weight_dtype, m in mu_dtype (what the files hold), and the headers. */
+uint64_t checkpoint_bytes(const config_t *cfg, const qwen3_dims_t *d);
 /* <base_output_directory>/<run_name>/checkpoints/<step>/model.safetensors (or the folder of all
  * of them for step < 0). 0, or -1 if it does not fit in n. */
 int checkpoint_path(char *out, size_t n, const config_t *cfg, int64_t step);

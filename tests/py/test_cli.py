@@ -1497,6 +1497,10 @@ def test_weight_dtype_bfloat16(tmp_path):
     assert b[-1] < 0.95 * b[0] and a != b, (a, b)
     assert json.loads((run_dir(tmp_path, "bf16") / "summary.json").read_text())["weight_dtype"] == "bfloat16"
     folder = run_dir(tmp_path, "bf16") / "checkpoints" / "4"
+    # the disk space a run checks for is the bound of what these files take, at 6 bytes a parameter
+    each = int(parse_plan(stepscope(tmp_path, *FAST, "weight_dtype=bfloat16", *ck, "--dry-run").stdout)
+               ["checkpoint_bytes_each"].split()[0])
+    assert checkpoint_bytes(folder) <= each < 7 * n, (checkpoint_bytes(folder), each, n)
     header, _ = safetensors_header(folder / "model.safetensors")
     assert {t["dtype"] for k, t in header.items() if k != "__metadata__"} == {"BF16"}
     header, _ = safetensors_header(folder / OPTIMIZER_FILE)
