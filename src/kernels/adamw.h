@@ -42,7 +42,8 @@ void adamw_update_m16(float *p, bf16_t *m, float *v, const float *g, int64_t n, 
 /* weight_dtype=bfloat16 (MaxText's, optax's adamw over bf16 parameters): p and v in bf16, m in
  * fp32 (m, with m16 NULL) or bf16 (m16, with m NULL; mu_dtype), g in fp32. Each bf16 value is
  * widened, updated in fp32 and stored rounded to nearest even, so an update smaller than half
- * of p's last place leaves p as it was, as in MaxText. 14 bytes a parameter with m16. */
+ * of p's last place leaves p as it was, as in MaxText. It moves 16 bytes a parameter with m16 (20
+ * with an fp32 m), against adamw_update's 30 with the bf16 copy. */
 typedef struct adamw_rounding {
     bool stochastic; /* stochastic_rounding: the updated weights rounded stochastically (unbiased) */
     uint32_t seed;   /* with the step and a weight's index, picks its draw */

@@ -74,17 +74,17 @@ uint64_t qwen3_layout_hash(const qwen3_dims_t *d) {
 
 static int64_t tensor_numel(int64_t rows, int64_t cols) { return rows * (cols ? cols : 1); }
 
-/* Binds a view's fields to consecutive tensors of the table's layout: bind(tensor) gives the
- * pointer for a tensor whose size and kind the macro's arguments say. Shared by the fp32 and
- * bf16 views and the compact view of the vectors. */
-#define QWEN3_BIND_VIEW(v, d, BIND)                                                             \
+/* Binds view v's fields to the tensors of the table's layout in its order: the caller defines
+ * BIND_AT(rows, cols) as the pointer for the next tensor of that shape (cols 0: a vector).
+ * Shared by the fp32 and bf16 views and the compact view of the vectors. */
+#define QWEN3_BIND_VIEW(v, d)                                                                   \
     do {                                                                                        \
-        (v)->embed = BIND((d)->V, (d)->D);                                                      \
+        (v)->embed = BIND_AT((d)->V, (d)->D);                                                   \
         for (int64_t l = 0; l < (d)->L; l++) {                                                  \
             QWEN3_LAYER_TENSORS(QWEN3_BIND_FIELD, d)                                            \
         }                                                                                       \
-        (v)->final_norm = BIND((d)->D, 0);                                                      \
-        (v)->lm_head = (d)->tied ? (v)->embed : BIND((d)->V, (d)->D);                           \
+        (v)->final_norm = BIND_AT((d)->D, 0);                                                   \
+        (v)->lm_head = (d)->tied ? (v)->embed : BIND_AT((d)->V, (d)->D);                        \
     } while (0)
 #define QWEN3_BIND_FIELD(field, suffix, rows, cols, init, present)                              \
     if (present) v->layers[l].field = BIND_AT(rows, cols);
@@ -94,7 +94,7 @@ int qwen3_params_view(qwen3_params_t *v, const qwen3_dims_t *d, float *base) {
     if (!(v->layers = calloc((size_t)d->L, sizeof *v->layers))) return -1;
     float *p = base;
 #define BIND_AT(rows, cols) (p += tensor_numel(rows, cols), p - tensor_numel(rows, cols))
-    QWEN3_BIND_VIEW(v, d, BIND_AT);
+    QWEN3_BIND_VIEW(v, d);
 #undef BIND_AT
     return 0;
 }
@@ -104,7 +104,7 @@ int qwen3_params16_view(qwen3_params16_t *v, const qwen3_dims_t *d, const bf16_t
     if (!(v->layers = calloc((size_t)d->L, sizeof *v->layers))) return -1;
     const bf16_t *p = base;
 #define BIND_AT(rows, cols) (p += tensor_numel(rows, cols), p - tensor_numel(rows, cols))
-    QWEN3_BIND_VIEW(v, d, BIND_AT);
+    QWEN3_BIND_VIEW(v, d);
 #undef BIND_AT
     return 0;
 }
@@ -114,7 +114,7 @@ int qwen3_params_view_vectors(qwen3_params_t *v, const qwen3_dims_t *d, float *v
     if (!(v->layers = calloc((size_t)d->L, sizeof *v->layers))) return -1;
     float *p = vectors;
 #define BIND_AT(rows, cols) ((cols) != 0 ? NULL : (p += (rows), p - (rows)))
-    QWEN3_BIND_VIEW(v, d, BIND_AT);
+    QWEN3_BIND_VIEW(v, d);
 #undef BIND_AT
     return 0;
 }

@@ -74,9 +74,9 @@ typedef struct checkpoint_optimizer_shard {
 } checkpoint_optimizer_shard_t;
 
 /* This rank's files of the checkpoint after `step`'s update, into <step>.partial: params, or
- * params16 with weight_dtype=bfloat16 (both NULL on ranks other than 0), to model.safetensors and shard (NULL on ranks that hold a replica's
- * copy) to its optimizer_state file. out gets the bytes written and the seconds. 0, or -1 with
- * one line in err (no file half-written). */
+ * params16 with weight_dtype=bfloat16 (both NULL on ranks other than 0), to model.safetensors,
+ * and shard (NULL on ranks that hold a replica's copy) to its optimizer_state file. out gets the
+ * bytes written and the seconds. 0, or -1 with one line in err (no file half-written). */
 int checkpoint_write(const config_t *cfg, const qwen3_dims_t *d, const float *params, const bf16_t *params16,
                      const checkpoint_optimizer_shard_t *shard, int64_t step, checkpoint_written_t *out, char *err,
                      size_t errlen);
