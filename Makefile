@@ -118,12 +118,12 @@ FUZZ_SRC_config_override := src/config/config.c
 FUZZ_SRC_safetensors     := src/io/safetensors.c src/util/atomic_file.c src/model/qwen3_params.c
 FUZZ_SRC_tokens          := src/data/tokens.c src/data/data.c src/data/synthetic.c
 FUZZ_SRC_full_state      := src/train/resume.c src/train/checkpoint.c src/io/safetensors.c src/util/atomic_file.c \
-                            src/model/qwen3_params.c src/kernels/bf16.c
+                            src/model/qwen3_params.c src/kernels/bf16.c src/config/config.c
 FUZZ_LIBS_config_yaml     := -lyaml
 FUZZ_LIBS_config_override := -lyaml
 FUZZ_LIBS_safetensors     := -lcjson
 FUZZ_LIBS_tokens          :=
-FUZZ_LIBS_full_state      := -lcjson
+FUZZ_LIBS_full_state      := -lcjson -lyaml
 
 fuzz: $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 
