@@ -98,11 +98,13 @@ test: all
 	BUILDS=$(BUILD) tests/run.sh
 
 # What CI runs: the suite on the optimised build, then the C tests again under ASan+UBSan;
-# the valgrind build is what the end-to-end leak test runs.
+# the valgrind build is what the end-to-end leak test runs. The fuzz targets are built too where
+# clang is (CI runs them first): each links a subset of the modules, which a change can break.
 check:
 	$(MAKE) -j2 all
 	$(MAKE) -j2 SAN=1 all
 	$(MAKE) -j2 VG=1 build-vg/stepscope
+	if command -v $(FUZZ_CC) >/dev/null; then $(MAKE) -j2 fuzz; fi
 	BUILDS="build build-san" tests/run.sh
 
 # libFuzzer targets (clang; fuzz/run.sh runs them). Each links only the modules it reads
