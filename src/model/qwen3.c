@@ -810,6 +810,24 @@ double qwen3_grad_sum_squares(qwen3_model_t *m, double *partials) {
     return grad_sumsq_total(&m->sumsq, m->dw.embed, qwen3_num_params(&m->d), partials);
 }
 
+static void widen(float *dst, const bf16_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]);
+}
+
+void qwen3_widen_norm_weights(qwen3_model_t *m) {
+    if (!m->opt.weights_bf16) return;
+    const qwen3_dims_t *d = &m->d;
+    for (int64_t l = 0; l < d->L; l++) {
+        qwen3_layer_params_t *w = &m->w.layers[l];
+        const qwen3_layer_params16_t *w16 = &m->w16.layers[l];
+#define QWEN3_WIDEN_VECTOR(field, name, rows, cols, init, present)                                 \
+    if ((present) && (cols) == 0) widen(w->field, w16->field, rows);
+        QWEN3_LAYER_TENSORS(QWEN3_WIDEN_VECTOR, d)
+#undef QWEN3_WIDEN_VECTOR
+    }
+    widen(m->w.final_norm, m->w16.final_norm, d->D);
+}
+
 void qwen3_zero_accumulated_grads(qwen3_model_t *m) {
     const qwen3_dims_t *d = &m->d;
     for (int64_t l = 0; l < d->L; l++) {

@@ -92,8 +92,8 @@ void qwen3_params16_free(qwen3_params16_t *v);
 /* weight_dtype=bfloat16 keeps the parameters in bf16 only, and the norm weights' kernels read
  * fp32: the vectors (every norm weight, in the table's order) are widened into a compact fp32
  * buffer of qwen3_vector_floats numbers. qwen3_params_view_vectors binds a view's vector fields
- * there and leaves its matrices NULL; qwen3_widen_vectors refreshes the buffer from the bf16
- * parameters (after each update). */
+ * there and leaves its matrices NULL. A model refreshes its buffer with qwen3_widen_norm_weights
+ * (below); qwen3_widen_vectors derives the same numbers from the tensor table, for checks. */
 int64_t qwen3_vector_floats(const qwen3_dims_t *d);
 int qwen3_params_view_vectors(qwen3_params_t *v, const qwen3_dims_t *d, float *vectors);
 void qwen3_widen_vectors(float *vectors, const qwen3_dims_t *d, const bf16_t *base);
@@ -175,7 +175,7 @@ typedef struct qwen3_options {
  * which the caller keeps equal to bf16(params) (adamw_update writes it); NULL otherwise. With
  * opt->weights_bf16 (which needs opt->bf16) params_bf16 are the weights themselves and params
  * is the compact fp32 buffer of the norm weights (qwen3_vector_floats, kept equal to them by
- * qwen3_widen_vectors). */
+ * qwen3_widen_norm_weights). */
 qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, float *params,
                             const bf16_t *params_bf16, float *grads, float *acts, float *scratch,
                             gemm_ctx_t *gemm, char *err, size_t errlen);
@@ -208,6 +208,10 @@ double qwen3_forward_backward_micro(qwen3_model_t *m, const int32_t *tokens, int
  * the rest (grad_sumsq.h); otherwise one read of all (adamw_sum_squares, the same bits).
  * partials: adamw_norm_partials(qwen3_num_params) doubles. */
 double qwen3_grad_sum_squares(qwen3_model_t *m, double *partials);
+
+/* weight_dtype=bfloat16: widens the bf16 norm weights into the fp32 buffer their kernels read,
+ * through the model's views (no allocation: it runs after every update). No-op otherwise. */
+void qwen3_widen_norm_weights(qwen3_model_t *m);
 
 /* Zeroes the gradients qwen3_forward_backward adds into rather than writes: the norm weights'
  * (D or HD floats each) and, untied, the embedding's [V, D]. The gradient buffer's other

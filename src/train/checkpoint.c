@@ -24,17 +24,18 @@ int64_t checkpoint_count(int64_t first, int64_t steps, int64_t period) {
     return multiples + ((steps - 1) % period != 0);
 }
 
+/* A header's allowance: an entry is the name, dtype, shape and offsets, well under 256 bytes. */
+static uint64_t header_bytes(const qwen3_dims_t *d) { return (uint64_t)qwen3_tensor_table(d, NULL) * 256 + 4096; }
+
 uint64_t checkpoint_file_bytes(const qwen3_dims_t *d) {
-    /* A header entry is the name, dtype, shape and offsets: well under 256 bytes. */
-    return (uint64_t)qwen3_num_params(d) * sizeof(float) + (uint64_t)qwen3_tensor_table(d, NULL) * 256 + 4096;
+    return (uint64_t)qwen3_num_params(d) * sizeof(float) + header_bytes(d);
 }
 
 uint64_t checkpoint_bytes(const config_t *cfg, const qwen3_dims_t *d) {
     const uint64_t w = cfg->weight_dtype == DTYPE_BFLOAT16 ? 2 : 4, m = config_mu_dtype(cfg) == DTYPE_BFLOAT16 ? 2 : 4;
-    /* Each file's header allowance as model.safetensors': the moments' files (two tensors and a
+    /* model.safetensors' header allowance for every file: the moments' files (two tensors and a
      * few metadata strings each, one a rank) need far less. */
-    const uint64_t headers = checkpoint_file_bytes(d) - (uint64_t)qwen3_num_params(d) * sizeof(float);
-    return (uint64_t)qwen3_num_params(d) * (w + m + w) + 3 * headers;
+    return (uint64_t)qwen3_num_params(d) * (w + m + w) + 3 * header_bytes(d);
 }
 
 int checkpoint_folder(char *out, size_t n, const config_t *cfg, int64_t step) {

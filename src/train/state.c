@@ -84,7 +84,6 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
         qwen3_init_params(params32, d, (uint64_t)cfg->init_weights_seed);
     }
     if (s->params_bf16) bf16_from_f32_array(s->params_bf16, params32, n);
-    if (s->vectors32) qwen3_widen_vectors(s->vectors32, d, s->params_bf16);
     s->setup_params_s = (double)(trace_now_ns() - t_params) * 1e-9;
     qwen3_options_t opt = {.num_threads = plan->num_threads, .remat = plan->remat, .rows = plan->rows,
                            .xent_chunk = plan->xent_chunk, .z_loss = (float)cfg->z_loss_multiplier,
@@ -114,6 +113,7 @@ int train_state_create(train_state_t *s, const config_t *cfg, const plan_t *plan
     }
     /* The fp32 parameters left there: the gradients the first backward adds into start at zero. */
     if (plan->weights_bf16) qwen3_zero_accumulated_grads(s->model);
+    qwen3_widen_norm_weights(s->model);
     s->adam = (adamw_hparams_t){.lr = (float)cfg->learning_rate, .b1 = (float)cfg->adam_b1,
                                 .b2 = (float)cfg->adam_b2, .eps = (float)cfg->adam_eps,
                                 .weight_decay = (float)cfg->adam_weight_decay};
@@ -202,7 +202,7 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
             bf16_from_f32_array(s->params_bf16 + hi, s->params + hi, total - hi);
         }
     }
-    if (s->vectors32) qwen3_widen_vectors(s->vectors32, d, s->params_bf16);
+    qwen3_widen_norm_weights(s->model);
     trace_end(s->trace, 0, s->span_optimizer, opt_span, 0);
 }
 
