@@ -63,9 +63,10 @@ def fma_probe(threads, seconds=0.5):
 
 
 def mem_probe(threads, seconds=0.5):
-    """GB/s the memory bus delivers right now (build/bench/mem_probe: a STREAM-style triad over
-    three 256 MiB arrays, best of its rounds), or None where it cannot run. It moves with the
-    VM's neighbours apart from the FMA probe, and bandwidth-bound engines move with it."""
+    """GB/s the memory bus delivers right now (build/bench/mem_probe: the better of a STREAM triad
+    with streaming stores and an in-place update over 256 MiB arrays, best of their rounds; a
+    plain-store triad before 2026-12-07), or None where it cannot run. It moves with the VM's
+    neighbours apart from the FMA probe, and bandwidth-bound engines move with it."""
     return _probe("mem_probe", "mem_probe_gbs", threads, seconds)
 
 

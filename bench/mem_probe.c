@@ -1,28 +1,20 @@
-/* mem_probe: what the memory bus delivers right now, as a STREAM-style triad (a = b + s·c) over
- * three arrays of 256 MiB each (far past the L3) on every thread, best of its rounds. On this
+/* mem_probe: what the memory bus delivers right now: util/membw.h's probe (the one a profiled run
+ * takes for its op summary's % of bandwidth) over arrays of 256 MiB each, far past the L3, on
+ * every thread: the better of a STREAM triad with streaming stores and an in-place update. Until
+ * 2026-12-07 this was a triad with plain stores, which counted 12 bytes an element while moving
+ * 16 (the store's read for ownership): the figures in docs/speed.md and docs/performance_log.md
+ * from before then are that triad's, and read lower than this probe's by its own share. On this
  * shared VM the bus moves with the neighbours as the FMA units do with theirs, and the two do
  * not move together: an engine whose step is mostly bandwidth-bound work (casts, elementwise,
  * an allocator's copies) slows with the bus, one bound by its matmuls with the FMA units.
  * bench/vs_torch.py runs this beside build/bench/fma_probe before and after every run, so that a
  * round's speed-up can be read against both (docs/speed.md, "What moves the bf16 ratio").
- * Bytes are counted as STREAM counts them: 12 bytes an element (two reads, one write; the write's
- * read-for-ownership not counted).
  *   build/bench/mem_probe [threads=2] [seconds=0.5]
- * Prints one line: "mem_probe_gbs <GB/s> threads <n> seconds <s> rounds <r>". */
-#include <omp.h>
+ * Prints one line: "mem_probe_gbs <GB/s, the better> threads <n> seconds <s> triad <GB/s> update <GB/s>". */
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "benchutil.h"
-#include "util/arena.h"
-
-enum { ELEMENTS = 64 << 20, MIN_ROUNDS = 3 }; /* 256 MiB of floats an array */
-
-/* a[n] = b[n] + s · c[n] on `threads` threads, static halves so each thread keeps its pages. */
-static void triad(float *a, const float *b, const float *c, float s, int64_t n, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < n; i++) a[i] = b[i] + s * c[i];
-}
+#include "util/membw.h"
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2;
@@ -31,27 +23,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: mem_probe [threads 1..1024] [seconds (0, 60]]\n");
         return 2;
     }
-    char err[256];
-    const size_t bytes = (size_t)ELEMENTS * sizeof(float);
-    float *a = arena_alloc(bytes, "mem_probe a", err, sizeof err), *b = arena_alloc(bytes, "mem_probe b", err, sizeof err),
-          *c = arena_alloc(bytes, "mem_probe c", err, sizeof err);
-    if (!a || !b || !c) { /* err's hint is the step's (batch, sequence): not this probe's */
+    membw_t bw = membw_probe(threads, (size_t)256 << 20, seconds);
+    if (bw.best_gbs <= 0) {
         fprintf(stderr, "mem_probe: cannot map 3 x 256 MiB for the triad; free some memory and run it again\n");
         return 1;
     }
-    triad(a, b, c, 0.5f, ELEMENTS, threads); /* one untimed pass: the values (the arena's zeros) do not matter */
-    double best = 0.0, start = bench_now();
-    int rounds = 0;
-    while (rounds < MIN_ROUNDS || bench_now() - start < seconds) {
-        double t0 = bench_now();
-        triad(a, b, c, 0.5f, ELEMENTS, threads);
-        double gbs = 3.0 * (double)bytes / (bench_now() - t0) / 1e9;
-        if (gbs > best) best = gbs;
-        rounds++;
-    }
-    printf("mem_probe_gbs %.2f threads %d seconds %g rounds %d\n", best, threads, seconds, rounds);
-    arena_free(a, bytes);
-    arena_free(b, bytes);
-    arena_free(c, bytes);
+    printf("mem_probe_gbs %.2f threads %d seconds %g triad %.2f update %.2f\n", bw.best_gbs, threads, seconds,
+           bw.triad_gbs, bw.update_gbs);
     return 0;
 }

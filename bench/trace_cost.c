@@ -19,7 +19,7 @@ static double ns_per_span(trace_t *t, uint32_t name, long spans, int rounds, boo
         int64_t t0 = trace_now_ns();
         for (long i = 0; i < spans; i++) {
             int64_t s = trace_begin(t);
-            trace_end(t, 0, name, s, (double)i);
+            trace_end(t, 0, name, s, (double)i, 0);
         }
         r[k] = (double)(trace_now_ns() - t0) / (double)spans;
         trace_set_recording(t, false);

@@ -246,7 +246,8 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
           "> 1 means stepscope is faster. others' CPU: cores that other processes used during the run "
           "(timings with > 0.1 are suspect). FMA probe/peak: median over the run's rounds of build/bench/fma_probe "
           "before and after each, over --peak (fp32): what the cores could do then, whatever the engine. memory GB/s: "
-          "the same for build/bench/mem_probe (a triad over 768 MiB on every thread).")
+          "the same for build/bench/mem_probe (the better of a streaming triad and an in-place update over 256 MiB arrays, "
+          "on every thread; a plain-store triad before 2026-12-07).")
     return report
 
 

@@ -250,18 +250,18 @@ static void test_trace_drops_when_full(void **state) {
     uint32_t id = trace_intern(t, "op", TRACE_CAT_MATMUL, "mlp");
     assert_int_equal(trace_intern(t, "op", TRACE_CAT_MATMUL, "mlp"), id);
     assert_int_equal(trace_begin(t), 0);          /* not recording: no clock read, no event */
-    trace_end(t, 0, id, 0, 1.0);
+    trace_end(t, 0, id, 0, 1.0, 0);
     assert_int_equal(t->lanes[0].count, 0);
     trace_set_recording(t, true);
     for (int i = 0; i < 7; i++) {
         int64_t s = trace_begin(t);
         assert_true(s > 0);
-        trace_end(t, 0, id, s, 1.0);
+        trace_end(t, 0, id, s, 1.0, 0);
     }
     assert_int_equal(t->lanes[0].count, 4);
     assert_int_equal(t->lanes[0].dropped, 3);
     assert_int_equal(t->lanes[1].count, 0);
-    trace_end(t, 9, id, trace_begin(t), 1.0);     /* bad lane: ignored, no crash */
+    trace_end(t, 9, id, trace_begin(t), 1.0, 0);     /* bad lane: ignored, no crash */
     trace_end_step(t, 1, id, trace_begin(t), 5);
     assert_int_equal(t->lanes[1].events[0].step_num, 5);
     assert_true(t->lanes[0].events[0].end_ns >= t->lanes[0].events[0].start_ns);
@@ -269,7 +269,7 @@ static void test_trace_drops_when_full(void **state) {
     assert_int_equal(t->lanes[0].count, 0);
     assert_int_equal(t->lanes[0].dropped, 0);
     trace_destroy(t);
-    trace_end(NULL, 0, 0, 123, 0);                /* NULL recorder is a no-op */
+    trace_end(NULL, 0, 0, 123, 0, 0);                /* NULL recorder is a no-op */
 }
 
 /* ---- xplane ----------------------------------------------------------------------------- */
@@ -285,7 +285,7 @@ static trace_t *one_step_trace(void) {
     assert_non_null(t);
     trace_set_lane(t, 0, "main", 1);
     uint32_t train = trace_intern(t, "train", TRACE_CAT_STEP, NULL);
-    assert_true(trace_record(t, 0, train, 1000, 1000 + 5000, 0, 0.0));   /* 5 us, step 0 */
+    assert_true(trace_record(t, 0, train, 1000, 1000 + 5000, 0, 0.0, 0));   /* 5 us, step 0 */
     /* Pin the epoch base: earliest start 1000 ns maps to 1767225600 s exactly. */
     t->wall_minus_mono_ns = 1767225600LL * 1000000000LL - 1000;
     return t;
@@ -341,8 +341,8 @@ static void test_xplane_window_and_flops(void **state) {
     trace_t *t = one_matmul_trace("compute0", 7, "q_proj:MatMul", "attention", &train, &mm);
     for (int s = 0; s < 3; s++) {
         int64_t b = 1000000 * (s + 1);
-        trace_record(t, 0, train, b, b + 500000, s, 0);
-        trace_record(t, 0, mm, b + 1000, b + 2000, -1, 1e9);
+        trace_record(t, 0, train, b, b + 500000, s, 0, 0);
+        trace_record(t, 0, mm, b + 1000, b + 2000, -1, 1e9, 0);
     }
     pb_buf_t all, one;
     pb_init(&all);
@@ -355,8 +355,35 @@ static void test_xplane_window_and_flops(void **state) {
     assert_non_null(memmem(one.data, one.len, "flops", 5));
     /* uint64 1e9 = varint 80 94 eb dc 03, tagged 0x18. */
     assert_non_null(memmem(one.data, one.len, "\x18\x80\x94\xeb\xdc\x03", 6));
+    /* No span carries bytes: no bytes_accessed metadata. */
+    assert_null(memmem(all.data, all.len, "bytes_accessed", 14));
     pb_free(&all);
     pb_free(&one);
+    trace_destroy(t);
+}
+
+/* A span's bytes become XProf's "bytes_accessed" stat (uint64, metadata id 4) beside its flops,
+ * and a span with bytes alone carries that stat alone. */
+static void test_xplane_bytes_accessed(void **state) {
+    (void)state;
+    uint32_t train, mm;
+    trace_t *t = one_matmul_trace("compute0", 7, "q_proj:MatMul", "attention", &train, &mm);
+    uint32_t norm = trace_intern(t, "rmsnorm", TRACE_CAT_NORM, "norms");
+    trace_record(t, 0, train, 1000, 9000, 0, 0, 0);
+    trace_record(t, 0, mm, 2000, 3000, -1, 1e9, 300);
+    trace_record(t, 0, norm, 4000, 5000, -1, 0, 1e9);
+    pb_buf_t b;
+    pb_init(&b);
+    char err[256];
+    assert_int_equal(xplane_encode(t, "h", -1, -1, &b, err, sizeof err), 0);
+    /* the stat metadata entry: {key 4, value {id 4, name "bytes_accessed"}} */
+    assert_non_null(memmem(b.data, b.len, "\x08\x04\x12\x12\x08\x04\x12\x0e" "bytes_accessed", 22));
+    /* the matmul's stats: {metadata_id 3, uint64 1e9}, then {metadata_id 4, uint64 300 = ac 02} */
+    assert_non_null(memmem(b.data, b.len, "\x22\x08\x08\x03\x18\x80\x94\xeb\xdc\x03\x22\x05\x08\x04\x18\xac\x02", 17));
+    /* the norm's one stat: {metadata_id 4, uint64 1e9}, the event's last field */
+    assert_non_null(memmem(b.data, b.len, "\x22\x08\x08\x04\x18\x80\x94\xeb\xdc\x03", 10));
+    assert_null(memmem(b.data, b.len, "\x22\x08\x08\x03\x18\x80\x94\xeb\xdc\x03\x22\x08", 12));
+    pb_free(&b);
     trace_destroy(t);
 }
 
@@ -394,9 +421,11 @@ static void test_chrome_trace(void **state) {
     uint32_t train = trace_intern(t, "train", TRACE_CAT_STEP, NULL);
     uint32_t mm = trace_intern(t, "layer0/mlp\\up:MatMul", TRACE_CAT_MATMUL, "mlp");
     uint32_t dl = trace_intern(t, "next_batch", TRACE_CAT_DATA, NULL);
-    trace_record(t, 0, train, 1000, 6000, 0, 0);
-    trace_record(t, 0, mm, 1500, 2750, -1, 2e6);
-    trace_record(t, 1, dl, 1200, 1201, -1, 0);
+    trace_record(t, 0, train, 1000, 6000, 0, 0, 0);
+    trace_record(t, 0, mm, 1500, 2750, -1, 2e6, 0);
+    trace_record(t, 0, mm, 3000, 3500, -1, 4e6, 1.5e6);
+    trace_record(t, 0, dl, 4000, 4500, -1, 0, 64);
+    trace_record(t, 1, dl, 1200, 1201, -1, 0, 0);
     char dir[256], path[300], err[512];
     make_tmpdir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/h.trace.json.gz", dir);
@@ -414,6 +443,8 @@ static void test_chrome_trace(void **state) {
                                  "\"ts\":0.000,\"dur\":5.000,\"args\":{\"step_num\":0}}"));
     assert_non_null(strstr(json, "{\"name\":\"layer0/mlp\\\\up:MatMul\",\"cat\":\"matmul\",\"ph\":\"X\","
                                  "\"pid\":1,\"tid\":1,\"ts\":0.500,\"dur\":1.250,\"args\":{\"flops\":2000000}}"));
+    assert_non_null(strstr(json, "\"ts\":2.000,\"dur\":0.500,\"args\":{\"flops\":4000000,\"bytes_accessed\":1500000}}"));
+    assert_non_null(strstr(json, "\"ts\":3.000,\"dur\":0.500,\"args\":{\"bytes_accessed\":64}}"));
     assert_non_null(strstr(json, "\"tid\":2,\"ts\":0.200,\"dur\":0.001}"));
     char *tail = strstr(json, "],\"displayTimeUnit\":\"ns\"");
     assert_non_null(tail);
@@ -451,19 +482,19 @@ static trace_t *summary_trace(void) {
     uint32_t attn = trace_intern(t, "attention", TRACE_CAT_ATTENTION, "attention");
     uint32_t dl = trace_intern(t, "next_batch", TRACE_CAT_DATA, NULL);
     int64_t s0 = 100 * MS, s1 = 110 * MS, s2 = 120 * MS;
-    trace_record(t, 1, train, s0, s0 + 10 * MS, 0, 0);
-    trace_record(t, 1, fwd, s0, s0 + 8 * MS, -1, 0);
-    trace_record(t, 1, qkv, s0 + 1 * MS, s0 + 3 * MS, -1, 2e9);   /* 2 ms, 1000 GFLOP/s */
-    trace_record(t, 1, up, s0 + 3 * MS, s0 + 6 * MS, -1, 6e9);    /* 3 ms, 2000 GFLOP/s */
-    trace_record(t, 1, inner, s0 + 4 * MS, s0 + 5 * MS, -1, 9e9); /* nested: ignored */
-    trace_record(t, 1, norm, s0 + 6 * MS, s0 + 7 * MS, -1, 0);    /* 1 ms */
-    trace_record(t, 2, up, s0 + 3 * MS, s0 + 6 * MS, -1, 6e9);    /* worker lane: ignored */
-    trace_record(t, 0, dl, s0 + 1 * MS, s0 + 9 * MS, -1, 0);      /* data lane: ignored */
-    trace_record(t, 1, train, s1, s1 + 10 * MS, 1, 0);
-    trace_record(t, 1, attn, s1 + 2 * MS, s1 + 6 * MS, -1, 4e9);  /* 4 ms */
-    trace_record(t, 1, train, s2, s2 + 10 * MS, 2, 0);
-    trace_record(t, 1, up, s2 + 1 * MS, s2 + 2 * MS, -1, 1e9);    /* step 2: outside */
-    trace_record(t, 1, norm, 50 * MS, 51 * MS, -1, 0);            /* before any step */
+    trace_record(t, 1, train, s0, s0 + 10 * MS, 0, 0, 0);
+    trace_record(t, 1, fwd, s0, s0 + 8 * MS, -1, 0, 0);
+    trace_record(t, 1, qkv, s0 + 1 * MS, s0 + 3 * MS, -1, 2e9, 4e6);   /* 2 ms, 1000 GFLOP/s, 2 GB/s */
+    trace_record(t, 1, up, s0 + 3 * MS, s0 + 6 * MS, -1, 6e9, 0);      /* 3 ms, 2000 GFLOP/s */
+    trace_record(t, 1, inner, s0 + 4 * MS, s0 + 5 * MS, -1, 9e9, 9e9); /* nested: ignored */
+    trace_record(t, 1, norm, s0 + 6 * MS, s0 + 7 * MS, -1, 0, 40e6);   /* 1 ms, 40 GB/s */
+    trace_record(t, 2, up, s0 + 3 * MS, s0 + 6 * MS, -1, 6e9, 9e9);    /* worker lane: ignored */
+    trace_record(t, 0, dl, s0 + 1 * MS, s0 + 9 * MS, -1, 0, 0);      /* data lane: ignored */
+    trace_record(t, 1, train, s1, s1 + 10 * MS, 1, 0, 0);
+    trace_record(t, 1, attn, s1 + 2 * MS, s1 + 6 * MS, -1, 4e9, 0);  /* 4 ms */
+    trace_record(t, 1, train, s2, s2 + 10 * MS, 2, 0, 0);
+    trace_record(t, 1, up, s2 + 1 * MS, s2 + 2 * MS, -1, 1e9, 0);    /* step 2: outside */
+    trace_record(t, 1, norm, 50 * MS, 51 * MS, -1, 0, 0);            /* before any step */
     return t;
 }
 
@@ -473,12 +504,12 @@ static void test_summary_spread_weighted_by_flops(void **state) {
     (void)state;
     uint32_t train, mm;
     trace_t *t = one_matmul_trace("compute", 10, "mm:MatMul", "mlp", &train, &mm);
-    trace_record(t, 0, train, 0, 100 * MS, 0, 0);
-    trace_record(t, 0, mm, 1 * MS, 6 * MS, -1, 0.5e9); /* 5 ms: 100 GFLOP/s */
+    trace_record(t, 0, train, 0, 100 * MS, 0, 0, 0);
+    trace_record(t, 0, mm, 1 * MS, 6 * MS, -1, 0.5e9, 0); /* 5 ms: 100 GFLOP/s */
     for (int i = 0; i < 9; i++)                        /* 1 ms each: 1000 GFLOP/s */
-        trace_record(t, 0, mm, (10 + i) * MS, (11 + i) * MS, -1, 1e9);
+        trace_record(t, 0, mm, (10 + i) * MS, (11 + i) * MS, -1, 1e9, 0);
     summary_t s;
-    assert_int_equal(summary_compute(t, 0, 0, 0.0, &s), 0);
+    assert_int_equal(summary_compute(t, 0, 0, 0.0, 0, &s), 0);
     const summary_row_t *r = find_row(&s, "matmul", "mlp");
     assert_non_null(r);
     assert_int_equal(r->calls, 10);
@@ -487,8 +518,8 @@ static void test_summary_spread_weighted_by_flops(void **state) {
     assert_float_equal(r->gflops_per_s, 9.5e9 / 14e6, 1e-6);
     summary_free(&s);
     /* With the slow call holding 20% of the flops, p10 is the slow call's rate. */
-    trace_record(t, 0, mm, 30 * MS, 51 * MS, -1, 2.1e9); /* 21 ms: 100 GFLOP/s */
-    assert_int_equal(summary_compute(t, 0, 0, 0.0, &s), 0);
+    trace_record(t, 0, mm, 30 * MS, 51 * MS, -1, 2.1e9, 0); /* 21 ms: 100 GFLOP/s */
+    assert_int_equal(summary_compute(t, 0, 0, 0.0, 0, &s), 0);
     r = find_row(&s, "matmul", "mlp");
     assert_float_equal(r->gflops_p10, 100.0, 1e-6);
     assert_float_equal(r->gflops_p90, 1000.0, 1e-6);
@@ -500,7 +531,7 @@ static void test_summary_arithmetic(void **state) {
     (void)state;
     trace_t *t = summary_trace();
     summary_t s;
-    assert_int_equal(summary_compute(t, 0, 1, 4000.0, &s), 0);
+    assert_int_equal(summary_compute(t, 0, 1, 4000.0, 80.0, &s), 0);
     assert_int_equal(s.num_steps, 2);
     assert_int_equal(s.first_step, 0);
     assert_int_equal(s.last_step, 1);
@@ -525,7 +556,15 @@ static void test_summary_arithmetic(void **state) {
     assert_ptr_equal(r, find_row(&s, "matmul", "") + 1);   /* parts by time: mlp before attention */
     r = find_row(&s, "matmul", "attention");
     assert_float_equal(r->total_ms, 2.0, 1e-9);
+    /* bytes: 4e6 in 5 ms of matmuls, 40e6 in the 1 ms norm; % of the 80 GB/s given */
+    r = find_row(&s, "matmul", "");
+    assert_float_equal(r->bytes, 4e6, 0);
+    assert_float_equal(r->gbytes_per_s, 0.8, 1e-12);
+    assert_float_equal(r->pct_bandwidth, 1.0, 1e-9);
+    assert_float_equal(find_row(&s, "matmul", "mlp")->gbytes_per_s, 0.0, 0);
     r = find_row(&s, "norm", "");
+    assert_float_equal(r->gbytes_per_s, 40.0, 1e-9);
+    assert_float_equal(r->pct_bandwidth, 50.0, 1e-9);
     assert_int_equal(r->calls, 1);
     assert_float_equal(r->gflops_per_s, 0.0, 0);
     assert_float_equal(r->gflops_p10, 0.0, 0);
@@ -545,6 +584,9 @@ static void test_summary_arithmetic(void **state) {
     assert_int_equal(r->calls, 2);
     assert_float_equal(r->flops, 12e9, 1);
     assert_float_equal(r->gflops_per_s, 600.0, 1e-6);
+    assert_float_equal(r->bytes, 44e6, 0);
+    assert_float_equal(r->gbytes_per_s, 2.2, 1e-12);   /* 44e6 bytes over the 20 ms of steps */
+    assert_float_equal(find_row(&s, SUMMARY_OTHER_LABEL, "")->gbytes_per_s, 0.0, 0);
 
     /* The table prints and the JSON is written atomically. */
     char dir[256], path[300], err[512];
@@ -558,13 +600,15 @@ static void test_summary_arithmetic(void **state) {
     char *json = (char *)read_all(path, &n);
     assert_non_null(strstr(json, "\"num_steps\":2"));
     assert_non_null(strstr(json, "{\"category\":\"matmul\",\"part\":\"mlp\",\"calls\":1,\"total_ms\":3,"));
-    assert_non_null(strstr(json, "\"gflops_p10\":2000,\"gflops_p90\":2000}"));
+    assert_non_null(strstr(json, "\"gflops_p10\":2000,\"gflops_p90\":2000,\"bytes\":0,\"gbytes_per_s\":0,\"pct_bandwidth\":0}"));
+    assert_non_null(strstr(json, "\"bytes\":40000000,\"gbytes_per_s\":40,\"pct_bandwidth\":50}"));
+    assert_non_null(strstr(json, "\"peak_gbytes_per_s\":80,"));
     free(json);
     rm_tree(dir);
     summary_free(&s);
 
     /* All steps: step 2 adds 10 ms and a 1 ms matmul. */
-    assert_int_equal(summary_compute(t, -1, -1, 0.0, &s), 0);
+    assert_int_equal(summary_compute(t, -1, -1, 0.0, 0, &s), 0);
     assert_int_equal(s.num_steps, 3);
     assert_float_equal(s.step_ms, 30.0, 1e-9);
     assert_float_equal(find_row(&s, "matmul", "")->total_ms, 6.0, 1e-9);
@@ -745,33 +789,33 @@ static void sample_layer(sample_names_t *s, uint32_t layer, int64_t *at, int64_t
     const double flops[] = {0, 1.2e8, 1.6e8, 4e7, 0, 3.6e8};
     int64_t c = b + 5 * us;
     for (size_t i = 0; i < 6; i++) {
-        trace_record(t, 0, ops[i], c, c + durs[i] * us, -1, flops[i]);
-        if (ops[i] == s->mlp) trace_record(t, 1, s->worker, c + 5 * us, c + (durs[i] - 5) * us, -1, 0);
+        trace_record(t, 0, ops[i], c, c + durs[i] * us, -1, flops[i], 0);
+        if (ops[i] == s->mlp) trace_record(t, 1, s->worker, c + 5 * us, c + (durs[i] - 5) * us, -1, 0, 0);
         c += durs[i] * us + 3 * us;
     }
-    trace_record(t, 0, layer, b, c + 5 * us, -1, 0);
+    trace_record(t, 0, layer, b, c + 5 * us, -1, 0, 0);
     *at = c + 10 * us;
 }
 
 static void sample_step(sample_names_t *s, int step, int64_t b, int64_t us) {
     trace_t *t = s->t;
     int64_t at = b + 50 * us;
-    trace_record(t, 0, s->wait, b + 10 * us, b + 40 * us, -1, 0);
+    trace_record(t, 0, s->wait, b + 10 * us, b + 40 * us, -1, 0, 0);
     int64_t f0 = at;
-    trace_record(t, 0, s->embed, at + 5 * us, at + 25 * us, -1, 0);
+    trace_record(t, 0, s->embed, at + 5 * us, at + 25 * us, -1, 0, 0);
     at += 30 * us;
     for (int l = 0; l < 2; l++) sample_layer(s, s->layer_f[l], &at, us);
-    trace_record(t, 0, s->xent, at, at + 150 * us, -1, 1.5e8);
+    trace_record(t, 0, s->xent, at, at + 150 * us, -1, 1.5e8, 0);
     at += 160 * us;
-    trace_record(t, 0, s->fwd, f0, at, -1, 0);
+    trace_record(t, 0, s->fwd, f0, at, -1, 0, 0);
     int64_t b0 = at + 10 * us;
     at = b0 + 5 * us;
     for (int l = 1; l >= 0; l--) sample_layer(s, s->layer_b[l], &at, 2 * us);
-    trace_record(t, 0, s->bwd, b0, at, -1, 0);
-    trace_record(t, 0, s->opt, at + 10 * us, at + 110 * us, -1, 2e7);
+    trace_record(t, 0, s->bwd, b0, at, -1, 0, 0);
+    trace_record(t, 0, s->opt, at + 10 * us, at + 110 * us, -1, 2e7, 0);
     at += 130 * us;
-    trace_record(t, 0, s->train, b, at, step, 0);
-    trace_record(t, 2, s->data, b + 200 * us, b + 900 * us, -1, 0);   /* prefetching the next batch */
+    trace_record(t, 0, s->train, b, at, step, 0, 0);
+    trace_record(t, 2, s->data, b + 200 * us, b + 900 * us, -1, 0, 0);   /* prefetching the next batch */
 }
 
 static void write_sample_tb(const char *dir) {
@@ -808,7 +852,7 @@ static void test_sample_profile(void **state) {
     snprintf(path, sizeof path, "%s/testhost.trace.json.gz", run);
     assert_int_equal(chrome_trace_write(s.t, path, err, sizeof err), 0);
     summary_t sum;
-    assert_int_equal(summary_compute(s.t, 0, 3, 1000.0, &sum), 0);
+    assert_int_equal(summary_compute(s.t, 0, 3, 1000.0, 0, &sum), 0);
     snprintf(path, sizeof path, "%s/op_summary.json", dir);
     assert_int_equal(summary_write_json(&sum, path, err, sizeof err), 0);
     summary_print(&sum, stdout);
@@ -828,6 +872,7 @@ int main(void) {
         cmocka_unit_test(test_xspace_vector),
         cmocka_unit_test(test_xplane_write_atomic),
         cmocka_unit_test(test_xplane_window_and_flops),
+        cmocka_unit_test(test_xplane_bytes_accessed),
         cmocka_unit_test(test_chrome_trace),
         cmocka_unit_test(test_summary_arithmetic),
         cmocka_unit_test(test_summary_spread_weighted_by_flops),

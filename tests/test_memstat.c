@@ -45,6 +45,26 @@ static void test_follows_touched_pages(void **state) {
     assert_true(after.peak_rss_bytes >= touched.rss_bytes - slack);
 }
 
+/* A buffer touched and unmapped stays in the peak until the peak is reset (the bandwidth
+ * probe's arrays, before set-up): then the peak is the resident set again, within the slack above. */
+static void test_peak_reset_forgets_an_unmapped_buffer(void **state) {
+    (void)state;
+    const size_t bytes = 64 * (size_t)MIB;
+    const int64_t slack = 2 * (int64_t)MIB;
+    char *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(p != MAP_FAILED);
+    memset(p, 1, bytes);
+    memstat_t touched, unmapped, reset;
+    assert_true(memstat_read(&touched));
+    assert_int_equal(munmap(p, bytes), 0);
+    assert_true(memstat_read(&unmapped));
+    assert_true(unmapped.peak_rss_bytes >= touched.rss_bytes - slack);
+    assert_true(memstat_reset_peak());
+    assert_true(memstat_read(&reset));
+    assert_true(reset.peak_rss_bytes <= reset.rss_bytes + slack);
+    assert_true(reset.peak_rss_bytes <= unmapped.peak_rss_bytes - (int64_t)bytes + slack);
+}
+
 /* Two made-up readings 2 s apart: the cores' busy time grew by 3 s, ours by 1 s, steal by 0.5 s:
  * others 1 core, steal 0.25. Ours ahead of the machine's (the counters tick at different times)
  * gives 0, never a negative load; no time between the readings gives 0. */
@@ -104,6 +124,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reads_this_process),
         cmocka_unit_test(test_follows_touched_pages),
+        cmocka_unit_test(test_peak_reset_forgets_an_unmapped_buffer),
         cmocka_unit_test(test_load_between_readings),
         cmocka_unit_test(test_leaves_out_a_pause),
         cmocka_unit_test(test_reads_this_process_cpu_time),

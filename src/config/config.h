@@ -78,6 +78,7 @@ typedef struct config {
     /* machine (ours) */
     int64_t num_threads;        /* compute threads; 0 = all online CPUs */
     double device_peak_tflops;  /* 0 = measure with a start-up probe */
+    double device_peak_gb_per_s; /* memory bandwidth for the op summary; 0 = probe it when profiling */
     bool machine_probe;         /* probe before the first step and after the last: did the pace hold? */
     double memory_limit_gib;    /* 0 = this machine's physical memory */
     int64_t xent_chunk_tokens;  /* tokens per LM-head/cross-entropy chunk; 0 = choose */

@@ -75,7 +75,7 @@ static void *producer(void *arg) {
         pthread_mutex_lock(&d->mu);
         if (d->opt.delay_ms > 0) delay_locked(d);
         if (d->stop) break; /* a batch cut short by close is not a span */
-        trace_end(d->opt.trace, d->opt.trace_lane, d->produce_name, t0, 0.0);
+        trace_end(d->opt.trace, d->opt.trace_lane, d->produce_name, t0, 0.0, 0);
         d->slot_step[slot] = step;
         pthread_cond_broadcast(&d->ready);
     }

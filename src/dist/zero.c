@@ -63,9 +63,14 @@ static int64_t split(zero_t *z, int64_t a, int64_t b) {
     return mine;
 }
 
+static uint64_t group_bytes(const zero_t *z);
+
+/* The collectives' spans carry the bytes this rank sent in them (comm_bytes_sent's count), so
+ * the profile gives each one's GB/s on the link. */
 static void run_reduce(zero_t *z, int64_t a, int64_t b) {
     const zero_options_t *o = &z->o;
     int64_t t0 = trace_begin(o->trace);
+    uint64_t sent = group_bytes(z);
     if (z->shard_ranks == 1) {
         /* Pure data parallelism: the whole vector is this rank's shard. */
         comm_allreduce_sum_f32(o->replica, o->grads + a, (int)(b - a));
@@ -77,19 +82,20 @@ static void run_reduce(zero_t *z, int64_t a, int64_t b) {
          * afresh, and train_step zeroes the ones that accumulate (qwen3_zero_accumulated_grads). */
         if (z->counts[z->shard_rank] > 0) comm_allreduce_sum_f32(o->replica, dst, z->counts[z->shard_rank]);
     }
-    trace_end(o->trace, o->comm_lane, z->span_reduce, t0, 0);
+    trace_end(o->trace, o->comm_lane, z->span_reduce, t0, 0, (double)(group_bytes(z) - sent));
 }
 
 static void run_gather(zero_t *z) {
     const zero_options_t *o = &z->o;
     int64_t t0 = trace_begin(o->trace);
+    uint64_t sent = group_bytes(z);
     for (int64_t a = 0; a < o->num_params; a += MAX_PIECE) {
         int64_t b = a + MAX_PIECE < o->num_params ? a + MAX_PIECE : o->num_params;
         split(z, a, b);
         if (o->params16) comm_allgather_u16(o->shard, o->params16 + a, z->counts);
         else comm_allgather_f32(o->shard, o->params + a, z->counts);
     }
-    trace_end(o->trace, o->comm_lane, z->span_gather, t0, 0);
+    trace_end(o->trace, o->comm_lane, z->span_gather, t0, 0, (double)(group_bytes(z) - sent));
 }
 
 static uint64_t group_bytes(const zero_t *z) {
@@ -111,8 +117,9 @@ static void *comm_main(void *arg) {
         case JOB_GATHER: run_gather(z); break;
         case JOB_ALLREDUCE: {
             int64_t t0 = trace_begin(z->o.trace);
+            uint64_t sent = group_bytes(z);
             comm_allreduce_sum_f64(job.group, job.values, job.n);
-            trace_end(z->o.trace, z->o.comm_lane, z->span_allreduce, t0, 0);
+            trace_end(z->o.trace, z->o.comm_lane, z->span_allreduce, t0, 0, (double)(group_bytes(z) - sent));
             break;
         }
         case JOB_ANY: comm_allreduce_max_i32(z->o.world, job.flag, 1); break;
@@ -144,7 +151,7 @@ static void wait_for(zero_t *z, uint64_t ticket) {
     while (z->done < ticket) pthread_cond_wait(&z->cv, &z->mu);
     z->stats.wait_ns += trace_now_ns() - t0;
     pthread_mutex_unlock(&z->mu);
-    trace_end(z->o.trace, z->o.compute_lane, z->span_wait, span, 0);
+    trace_end(z->o.trace, z->o.compute_lane, z->span_wait, span, 0, 0);
 }
 
 zero_t *zero_create(const zero_options_t *o, char *err, size_t errlen) {

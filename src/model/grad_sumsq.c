@@ -48,3 +48,9 @@ double grad_sumsq_total(grad_sumsq_t *r, const float *g, int64_t n, double *part
     if (n > read_from) sum += adamw_sum_squares(g + read_from, n - read_from, partials);
     return sum;
 }
+
+int64_t grad_sumsq_gap_floats(const grad_sumsq_t *r, int64_t n) {
+    int64_t covered = 0;
+    for (int i = 0; i < r->n; i++) covered += r->ranges[i].count;
+    return n - covered;
+}

@@ -35,4 +35,7 @@ void grad_sumsq_add(grad_sumsq_t *r, int64_t offset, int64_t count, double sumsq
  * adamw_sum_squares(g, n) to the bit; with the same ranges the same bits at any thread count. */
 double grad_sumsq_total(grad_sumsq_t *r, const float *g, int64_t n, double *partials);
 
+/* How many of g[0, n)'s floats grad_sumsq_total reads: those no range covers. */
+int64_t grad_sumsq_gap_floats(const grad_sumsq_t *r, int64_t n);
+
 #endif

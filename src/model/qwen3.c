@@ -291,12 +291,13 @@ static void set_row_strides(qwen3_model_t *m, int64_t pad_from) {
                  "padded where %lld floats or wider (%s, 64 bytes wider), the rest dense", (long long)pad_from, names);
 }
 
-/* ---- tracing helpers: one span per kernel call, FLOPs carried by matmuls ---- */
-#define SPAN(m, name_id, flops, call)                                                           \
+/* ---- tracing helpers: one span per kernel call, with the FLOPs it does (matmuls and attention)
+ * and the bytes it must move (every kernel; trace_event_t.bytes says what they count) ---- */
+#define SPAN(m, name_id, flops, bytes, call)                                                    \
     do {                                                                                        \
         int64_t span_start_ = trace_begin((m)->trace);                                          \
         call;                                                                                   \
-        trace_end((m)->trace, 0, (name_id), span_start_, (flops));                              \
+        trace_end((m)->trace, 0, (name_id), span_start_, (flops), (bytes));                     \
     } while (0)
 
 static void intern_names(qwen3_model_t *m) {
@@ -455,6 +456,46 @@ const char *qwen3_attention_blocks(const qwen3_model_t *m) {
 /* ---- linear layers: y = x·Wᵀ with W [out, in] ---- */
 static double linear_flops(int64_t M, int64_t N, int64_t K) { return 2.0 * (double)M * (double)N * (double)K; }
 
+/* ---- the bytes each kernel must move, for its span (trace_event_t.bytes: operands read once,
+ * results written once, in their stored dtypes; a result added onto is read as well) ---- */
+enum { F32_BYTES = 4, BF16_BYTES = 2 };
+
+/* C[M, N] fp32 (= or +=) A[M, K]·B[K, N] with A's and B's elements a_size and b_size bytes. */
+static double matmul_bytes(int64_t M, int64_t N, int64_t K, int a_size, int b_size, bool accumulate) {
+    return (double)M * (double)K * a_size + (double)K * (double)N * b_size +
+           (double)M * (double)N * F32_BYTES * (accumulate ? 2 : 1);
+}
+/* RMSNorm over `rows` vectors of n: x read, y written (out_size bytes an element), the weight
+ * read, one rstd a vector written. */
+static double norm_fwd_bytes(int64_t rows, int64_t n, int out_size) {
+    return (double)rows * (double)n * (F32_BYTES + out_size) + (double)(n + rows) * F32_BYTES;
+}
+/* Its backward: dy, x and rstd read, dx written (read too where it adds onto the residual
+ * stream's gradient), the weight read and its gradient written. */
+static double norm_bwd_bytes(int64_t rows, int64_t n, bool accumulate_dx) {
+    return (double)rows * (double)n * F32_BYTES * (accumulate_dx ? 4 : 3) + (double)(2 * n + rows) * F32_BYTES;
+}
+/* The rope tables, cos and sin [S, HD/2]. */
+static double rope_table_bytes(const qwen3_dims_t *d) { return (double)d->S * (double)d->HD * F32_BYTES; }
+/* Attention over q [T, H·HD], k and v [T, KV·HD]: forward reads q, k, v and writes the output and
+ * one log-sum-exp a head and row; backward reads dO, O, q, k, v and lse and writes dq, dk, dv. */
+static double attention_bytes(const qwen3_dims_t *d, bool backward) {
+    double T = (double)(d->B * d->S), q = T * (double)(d->H * d->HD), kv = T * (double)(d->KV * d->HD);
+    return ((backward ? 4 : 2) * q + (backward ? 4 : 2) * kv + T * (double)d->H) * F32_BYTES;
+}
+/* A cross-entropy chunk: n rows of fp32 logits read, their gradient written (grad_size bytes an
+ * element), a target read and a loss and log-sum-exp written a row. */
+static double xent_bytes(int64_t n, int64_t V, int grad_size) {
+    return (double)n * (double)V * (F32_BYTES + grad_size) + 3.0 * (double)n * F32_BYTES;
+}
+/* The embedding: forward reads T tokens and their rows (row_size bytes an element) and writes the
+ * fp32 residual stream; backward reads the tokens and the stream's gradient and adds it onto
+ * their rows of the table's gradient (read and written). */
+static double embed_bytes(const qwen3_dims_t *d, int row_size, bool backward) {
+    double T = (double)(d->B * d->S), D = (double)d->D;
+    return T * D * (backward ? 3 * F32_BYTES : F32_BYTES + row_size) + T * sizeof(int32_t);
+}
+
 static int64_t ld16(const qwen3_model_t *m, int64_t cols) { return ld16_for(gemm_bf16_tiles(m->gemm), cols); }
 
 /* A matmul's weight: fp32 runs read f32, bf16 runs b16 (f32 is NULL with weight_dtype=bfloat16). */
@@ -467,14 +508,14 @@ typedef struct weight {
 /* src [T, cols] (rows ld_src apart) into bf16 rows ld16(m, cols) apart: a matmul input in
  * s.in16 or s.dy16. */
 static void to_bf16_rows(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t ld_src, int64_t T, int64_t cols) {
-    SPAN(m, m->names.fwd[OP_TO_BF16], 0, bf16_from_f32_rows(dst, ld16(m, cols), src, ld_src, T, cols));
+    SPAN(m, m->names.fwd[OP_TO_BF16], 0, (double)T * (double)cols * (F32_BYTES + BF16_BYTES), bf16_from_f32_rows(dst, ld16(m, cols), src, ld_src, T, cols));
 }
 
 /* bf16 runs: y (= or +=) x·Wᵀ with x already in s.in16 (bf16 [T, in], rows ld16(m, in) apart), written there by its
  * producer (layer_norm_for_matmul, swiglu_for_matmul) or by to_bf16. */
 static void linear_fwd_in16(qwen3_model_t *m, int op, float *y, int64_t ld_y, weight_t W, int64_t T, int64_t out,
                             int64_t in, bool accumulate) {
-    SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
+    SPAN(m, m->names.fwd[op], linear_flops(T, out, in), matmul_bytes(T, out, in, BF16_BYTES, BF16_BYTES, accumulate),
          gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, ld16(m, in), W.b16, in, y, ld_y, accumulate));
 }
 
@@ -486,7 +527,7 @@ static void linear_fwd(qwen3_model_t *m, int op, float *y, int64_t ld_y, const f
         linear_fwd_in16(m, op, y, ld_y, W, T, out, in, accumulate);
         return;
     }
-    SPAN(m, m->names.fwd[op], linear_flops(T, out, in),
+    SPAN(m, m->names.fwd[op], linear_flops(T, out, in), matmul_bytes(T, out, in, F32_BYTES, F32_BYTES, accumulate),
          gemm_f32(m->gemm, false, true, T, out, in, x, ld_x, W.f32, in, y, ld_y, accumulate));
 }
 
@@ -497,7 +538,7 @@ static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, fl
                           int64_t out, int64_t in) {
     double sumsq = 0.0;
     bool summed = false;
-    SPAN(m, m->names.wgrad[op], linear_flops(out, in, T), {
+    SPAN(m, m->names.wgrad[op], linear_flops(out, in, T), matmul_bytes(out, in, T, BF16_BYTES, BF16_BYTES, m->grads_accumulate), {
         if (m->opt.grad_sumsq && m->grads_final)
             summed = gemm_bf16_sumsq(m->gemm, true, false, out, in, T, m->s.dy16, ld16(m, out), m->s.in16,
                                      ld16(m, in), dW, in, m->grads_accumulate, m->s.tile_sums,
@@ -507,7 +548,7 @@ static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, fl
                       m->grads_accumulate);
     });
     if (summed) grad_sumsq_add(&m->sumsq, dW - m->dw.embed, out * in, sumsq); /* the embedding heads the buffer */
-    SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
+    SPAN(m, m->names.bwd[op], linear_flops(T, in, out), matmul_bytes(T, in, out, BF16_BYTES, BF16_BYTES, false),
          gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, ld16(m, out), W.b16, in, dx, ld_dx, false));
 }
 
@@ -532,20 +573,20 @@ static void linear_bwd(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, float
     }
     if (wide_layer(out, in) && m->s.x_t && gemm_wide_gradients_slow(m->gemm)) {
         scratch_t *s = &m->s;
-        SPAN(m, m->names.fwd[OP_TRANSPOSE], 0, {
+        SPAN(m, m->names.fwd[OP_TRANSPOSE], 0, 2.0 * F32_BYTES * (double)(T * out + T * in + out * in), {
             transpose_f32(s->dy_t, T, dy, ld_dy, T, out);
             transpose_f32(s->x_t, T, x, ld_x, T, in);
             transpose_f32(s->w_t, out, W.f32, in, out, in);
         });
-        SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
+        SPAN(m, m->names.wgrad[op], linear_flops(out, in, T), matmul_bytes(out, in, T, F32_BYTES, F32_BYTES, m->grads_accumulate),
              gemm_f32(m->gemm, false, true, out, in, T, s->dy_t, T, s->x_t, T, dW, in, m->grads_accumulate));
-        SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
+        SPAN(m, m->names.bwd[op], linear_flops(T, in, out), matmul_bytes(T, in, out, F32_BYTES, F32_BYTES, false),
              gemm_f32(m->gemm, false, true, T, in, out, dy, ld_dy, s->w_t, out, dx, ld_dx, false));
         return;
     }
-    SPAN(m, m->names.wgrad[op], linear_flops(out, in, T),
+    SPAN(m, m->names.wgrad[op], linear_flops(out, in, T), matmul_bytes(out, in, T, F32_BYTES, F32_BYTES, m->grads_accumulate),
          gemm_f32(m->gemm, true, false, out, in, T, dy, ld_dy, x, ld_x, dW, in, m->grads_accumulate));
-    SPAN(m, m->names.bwd[op], linear_flops(T, in, out),
+    SPAN(m, m->names.bwd[op], linear_flops(T, in, out), matmul_bytes(T, in, out, F32_BYTES, F32_BYTES, false),
          gemm_f32(m->gemm, false, false, T, in, out, dy, ld_dy, W.f32, in, dx, ld_dx, false));
 }
 
@@ -555,9 +596,9 @@ static void layer_norm_for_matmul(qwen3_model_t *m, int op, float *rstd, const f
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S;
     if (m->opt.bf16)
-        SPAN(m, m->names.fwd[op], 0, rmsnorm_forward_bf16(m->s.in16, ld16(m, d->D), rstd, x, m->ld_d, w, T, 1, d->D, (float)d->eps));
+        SPAN(m, m->names.fwd[op], 0, norm_fwd_bytes(T, d->D, BF16_BYTES), rmsnorm_forward_bf16(m->s.in16, ld16(m, d->D), rstd, x, m->ld_d, w, T, 1, d->D, (float)d->eps));
     else
-        SPAN(m, m->names.fwd[op], 0, rmsnorm_forward(m->s.ln, m->ld_d, rstd, x, m->ld_d, w, T, 1, d->D, (float)d->eps));
+        SPAN(m, m->names.fwd[op], 0, norm_fwd_bytes(T, d->D, F32_BYTES), rmsnorm_forward(m->s.ln, m->ld_d, rstd, x, m->ld_d, w, T, 1, d->D, (float)d->eps));
 }
 
 /* h = swiglu(gate_up) for the down projection: fp32 into s.h, or bf16 into s.in16. */
@@ -565,9 +606,9 @@ static void swiglu_for_matmul(qwen3_model_t *m, const float *gate_up) {
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S;
     if (m->opt.bf16)
-        SPAN(m, m->names.fwd[OP_SWIGLU], 0,
+        SPAN(m, m->names.fwd[OP_SWIGLU], 0, (double)T * (double)d->F * (2 * F32_BYTES + BF16_BYTES),
              swiglu_forward_bf16(m->s.in16, ld16(m, d->F), gate_up, m->ld_gate_up, T, d->F));
-    else SPAN(m, m->names.fwd[OP_SWIGLU], 0, swiglu_forward(m->s.h, m->ld_f, gate_up, m->ld_gate_up, T, d->F));
+    else SPAN(m, m->names.fwd[OP_SWIGLU], 0, (double)T * (double)d->F * 3 * F32_BYTES, swiglu_forward(m->s.h, m->ld_f, gate_up, m->ld_gate_up, T, d->F));
 }
 
 /* The matmul input a *_for_matmul producer left: y (= or +=) x·Wᵀ, and its backward. */
@@ -594,7 +635,7 @@ static double attention_flops(const qwen3_dims_t *d, double passes) {
  * floats (padding included, which nothing reads). */
 static void copy_residual(qwen3_model_t *m, float *dst, const float *src) {
     int64_t n = m->d.B * m->d.S * m->ld_d;
-    SPAN(m, m->names.fwd[OP_RESIDUAL], 0, memcpy(dst, src, (size_t)n * sizeof(float)));
+    SPAN(m, m->names.fwd[OP_RESIDUAL], 0, 2.0 * F32_BYTES * (double)n, memcpy(dst, src, (size_t)n * sizeof(float)));
 }
 
 /* Whether qk-norm and rope run as one pass (rmsnorm_rope_forward and _backward): the bits of the
@@ -609,7 +650,7 @@ static void qk_from_qkv(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_a
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S, ld_qkv = m->ld_qkv, QK = (d->H + d->KV) * d->HD;
     if (qk_norm_rope_fused(d)) {
-        SPAN(m, m->names.fwd[OP_QK_NORM], 0, {
+        SPAN(m, m->names.fwd[OP_QK_NORM], 0, norm_fwd_bytes(T * (d->H + d->KV), d->HD, F32_BYTES) + rope_table_bytes(d), {
             rmsnorm_rope_forward(a->qk, QK, a->qk_rstd, a->qkv, ld_qkv, w->q_norm, m->s.rope_cos, m->s.rope_sin, T,
                                  d->S, d->H, d->HD, (float)d->eps);
             rmsnorm_rope_forward(a->qk + d->H * d->HD, QK, a->qk_rstd + T * d->H, a->qkv + d->H * d->HD, ld_qkv,
@@ -618,7 +659,7 @@ static void qk_from_qkv(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_a
         return;
     }
     if (d->qk_norm) {
-        SPAN(m, m->names.fwd[OP_QK_NORM], 0, {
+        SPAN(m, m->names.fwd[OP_QK_NORM], 0, norm_fwd_bytes(T * (d->H + d->KV), d->HD, F32_BYTES), {
             rmsnorm_forward(a->qk, QK, a->qk_rstd, a->qkv, ld_qkv, w->q_norm, T, d->H, d->HD, (float)d->eps);
             rmsnorm_forward(a->qk + d->H * d->HD, QK, a->qk_rstd + T * d->H, a->qkv + d->H * d->HD, ld_qkv,
                             w->k_norm, T, d->KV, d->HD, (float)d->eps);
@@ -626,7 +667,7 @@ static void qk_from_qkv(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_a
     } else {
         for (int64_t t = 0; t < T; t++) memcpy(a->qk + t * QK, a->qkv + t * ld_qkv, (size_t)QK * sizeof(float));
     }
-    SPAN(m, m->names.fwd[OP_ROPE], 0, rope_forward(a->qk, QK, m->s.rope_cos, m->s.rope_sin, d->B, d->S, d->H + d->KV, d->HD));
+    SPAN(m, m->names.fwd[OP_ROPE], 0, 2.0 * F32_BYTES * (double)(T * QK) + rope_table_bytes(d), rope_forward(a->qk, QK, m->s.rope_cos, m->s.rope_sin, d->B, d->S, d->H + d->KV, d->HD));
 }
 
 /* Norm the input, project q/k/v, qk-norm and rope q and k: fills a->qkv, a->qk, a->rstd1. */
@@ -647,11 +688,11 @@ static void layer_forward(qwen3_model_t *m, int64_t l, const float *x, float *x_
     attn_shape_t as = attn_shape(d);
     attention_inputs(m, l, a, x);
     if (m->opt.bf16)
-        SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
+        SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1), attention_bytes(d, false),
              attention_forward_bf16(a->attn, m->ld_hhd, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
                                     a->qkv + (d->H + d->KV) * d->HD, ld_qkv, &as, m->s.attention, m->thread_gemm));
     else
-        SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1),
+        SPAN(m, m->names.fwd[OP_ATTN], attention_flops(d, 1), attention_bytes(d, false),
              attention_forward(a->attn, m->ld_hhd, a->lse, a->qk, QK, a->qk + d->H * d->HD, QK,
                                a->qkv + (d->H + d->KV) * d->HD, ld_qkv, &as, m->s.attention, m->thread_gemm));
     copy_residual(m, a->x2, x);
@@ -678,32 +719,32 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     swiglu_for_matmul(m, a->gate_up);
     linear_bwd_produced(m, OP_DOWN, s->h, ld_f, dw->down_proj, s->dres, ld_d, s->h, ld_f, LAYER_WEIGHT(m, l, down_proj), T, d->D, d->F);
     if (m->opt.bf16) /* dgate_up goes straight to the products' bf16 dy */
-        SPAN(m, m->names.bwd[OP_SWIGLU], 0,
+        SPAN(m, m->names.bwd[OP_SWIGLU], 0, (double)T * (double)d->F * (3 * F32_BYTES + 2 * BF16_BYTES),
              swiglu_backward_bf16(s->dy16, ld16(m, 2 * d->F), s->h, ld_f, a->gate_up, m->ld_gate_up, T, d->F));
     else
-        SPAN(m, m->names.bwd[OP_SWIGLU], 0,
+        SPAN(m, m->names.bwd[OP_SWIGLU], 0, (double)T * (double)d->F * 5 * F32_BYTES,
              swiglu_backward(s->dgate_up, m->ld_gate_up, s->h, ld_f, a->gate_up, m->ld_gate_up, T, d->F));
     layer_norm_for_matmul(m, OP_NORM, a->rstd2, a->x2, w->post_norm);
     if (m->opt.bf16) linear_bwd_16(m, OP_GATE_UP, s->dln, ld_d, dw->gate_proj, LAYER_WEIGHT(m, l, gate_proj), T, 2 * d->F, d->D);
     else
         linear_bwd(m, OP_GATE_UP, s->dln, ld_d, dw->gate_proj, s->dgate_up, m->ld_gate_up, s->ln, ld_d, LAYER_WEIGHT(m, l, gate_proj), T,
                    2 * d->F, d->D);
-    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, ld_d, true, dw->post_norm, s->dln, ld_d, a->x2, ld_d, w->post_norm, a->rstd2, T, 1, d->D, s->norm_partials));
+    SPAN(m, m->names.bwd[OP_NORM], 0, norm_bwd_bytes(T, d->D, true), rmsnorm_backward(s->dres, ld_d, true, dw->post_norm, s->dln, ld_d, a->x2, ld_d, w->post_norm, a->rstd2, T, 1, d->D, s->norm_partials));
     /* Attention. */
     linear_bwd(m, OP_O_PROJ, s->dattn, ld_hhd, dw->o_proj, s->dres, ld_d, a->attn, ld_hhd, LAYER_WEIGHT(m, l, o_proj), T, d->D, HHD);
     if (m->opt.remat == QWEN3_REMAT_MINIMAL) qk_from_qkv(m, w, a); /* the shared buffer holds another layer's */
     if (m->opt.bf16)
-        SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
+        SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2), attention_bytes(d, true),
              attention_backward_bf16(s->dqkv, ld_qkv, s->dqkv + HHD, ld_qkv, s->dqkv + QK, ld_qkv, s->dattn, ld_hhd, a->attn, ld_hhd,
                                      a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, ld_qkv, &as, s->attention,
                                      m->thread_gemm));
     else
-        SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2),
+        SPAN(m, m->names.bwd[OP_ATTN], attention_flops(d, 2), attention_bytes(d, true),
              attention_backward(s->dqkv, ld_qkv, s->dqkv + HHD, ld_qkv, s->dqkv + QK, ld_qkv, s->dattn, ld_hhd, a->attn, ld_hhd,
                                 a->lse, a->qk, QK, a->qk + HHD, QK, a->qkv + QK, ld_qkv, &as, s->attention,
                                 m->thread_gemm));
     if (qk_norm_rope_fused(d)) {
-        SPAN(m, m->names.bwd[OP_QK_NORM], 0, {
+        SPAN(m, m->names.bwd[OP_QK_NORM], 0, norm_bwd_bytes(T * (d->H + d->KV), d->HD, false) + rope_table_bytes(d), {
             rmsnorm_rope_backward(s->dqkv, ld_qkv, dw->q_norm, s->dqkv, ld_qkv, a->qkv, ld_qkv, w->q_norm, a->qk_rstd,
                                   s->rope_cos, s->rope_sin, T, d->S, d->H, d->HD, s->norm_partials);
             rmsnorm_rope_backward(s->dqkv + HHD, ld_qkv, dw->k_norm, s->dqkv + HHD, ld_qkv, a->qkv + HHD, ld_qkv,
@@ -711,11 +752,11 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
                                   s->norm_partials);
         });
     } else {
-        SPAN(m, m->names.bwd[OP_ROPE], 0,
+        SPAN(m, m->names.bwd[OP_ROPE], 0, 2.0 * F32_BYTES * (double)(T * QK) + rope_table_bytes(d),
              rope_backward(s->dqkv, ld_qkv, s->rope_cos, s->rope_sin, d->B, d->S, d->H + d->KV, d->HD));
     }
     if (d->qk_norm && !qk_norm_rope_fused(d)) {
-        SPAN(m, m->names.bwd[OP_QK_NORM], 0, {
+        SPAN(m, m->names.bwd[OP_QK_NORM], 0, norm_bwd_bytes(T * (d->H + d->KV), d->HD, false), {
             rmsnorm_backward(s->dqkv, ld_qkv, false, dw->q_norm, s->dqkv, ld_qkv, a->qkv, ld_qkv, w->q_norm, a->qk_rstd, T, d->H, d->HD, s->norm_partials);
             rmsnorm_backward(s->dqkv + HHD, ld_qkv, false, dw->k_norm, s->dqkv + HHD, ld_qkv, a->qkv + HHD, ld_qkv, w->k_norm,
                              a->qk_rstd + T * d->H, T, d->KV, d->HD, s->norm_partials);
@@ -723,7 +764,7 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     }
     layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
     linear_bwd_produced(m, OP_QKV, s->dln, ld_d, dw->q_proj, s->dqkv, m->ld_qkv, s->ln, ld_d, LAYER_WEIGHT(m, l, q_proj), T, QKV, d->D);
-    SPAN(m, m->names.bwd[OP_NORM], 0, rmsnorm_backward(s->dres, ld_d, true, dw->input_norm, s->dln, ld_d, x, ld_d, w->input_norm, a->rstd1, T, 1, d->D, s->norm_partials));
+    SPAN(m, m->names.bwd[OP_NORM], 0, norm_bwd_bytes(T, d->D, true), rmsnorm_backward(s->dres, ld_d, true, dw->input_norm, s->dln, ld_d, x, ld_d, w->input_norm, a->rstd1, T, 1, d->D, s->norm_partials));
 }
 
 /* Final norm, then the LM head and cross-entropy chunk by chunk: each chunk's logits become
@@ -746,38 +787,40 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
         const float *h = s->ln + t0 * m->ld_d;
         const bf16_t *h16 = s->in16 + t0 * ld16(m, d->D);
         if (m->opt.bf16) {
-            SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
+            SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D), matmul_bytes(n, d->V, d->D, BF16_BYTES, BF16_BYTES, false),
                  gemm_bf16(m->gemm, false, true, n, d->V, d->D, h16, ld16(m, d->D), m->w16.lm_head, d->D, s->logits, d->V, false));
         } else {
-            SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D),
+            SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D), matmul_bytes(n, d->V, d->D, F32_BYTES, F32_BYTES, false),
                  gemm_f32(m->gemm, false, true, n, d->V, d->D, h, m->ld_d, m->w.lm_head, d->D, s->logits, d->V, false));
         }
         if (m->opt.bf16 && with_grad) /* the gradient straight into the products' bf16 dy */
-            SPAN(m, m->names.fwd[OP_XENT], 0,
+            SPAN(m, m->names.fwd[OP_XENT], 0, xent_bytes(n, d->V, BF16_BYTES),
                  xent_forward_backward_bf16(s->logits, s->dy16, s->xent_rows, s->row_loss, s->row_lse, s->targets, n,
                                             d->V, grad_scale, m->opt.z_loss));
         else
-            SPAN(m, m->names.fwd[OP_XENT], 0,
+            SPAN(m, m->names.fwd[OP_XENT], 0, xent_bytes(n, d->V, F32_BYTES),
                  xent_forward_backward(s->logits, s->row_loss, s->row_lse, s->targets, n, d->V, grad_scale,
                                        m->opt.z_loss));
         for (int64_t i = 0; i < n; i++) loss_sum += s->row_loss[i];
         if (!with_grad) continue;
         if (m->opt.bf16) {
             SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
+                 matmul_bytes(d->V, d->D, n, BF16_BYTES, BF16_BYTES, t0 > 0 || m->grads_accumulate),
                  gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, ld16(m, d->D), m->dw.lm_head, d->D,
                            t0 > 0 || m->grads_accumulate));
-            SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
+            SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V), matmul_bytes(n, d->D, d->V, BF16_BYTES, BF16_BYTES, false),
                  gemm_bf16(m->gemm, false, false, n, d->D, d->V, s->dy16, d->V, m->w16.lm_head, d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
             continue;
         }
         SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
+             matmul_bytes(d->V, d->D, n, F32_BYTES, F32_BYTES, t0 > 0 || m->grads_accumulate),
              gemm_f32(m->gemm, true, false, d->V, d->D, n, s->logits, d->V, h, m->ld_d, m->dw.lm_head, d->D,
                       t0 > 0 || m->grads_accumulate));
-        SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V),
+        SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V), matmul_bytes(n, d->D, d->V, F32_BYTES, F32_BYTES, false),
              gemm_f32(m->gemm, false, false, n, d->D, d->V, s->logits, d->V, m->w.lm_head, d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
     }
     if (with_grad)
-        SPAN(m, m->names.bwd[OP_FINAL_NORM], 0,
+        SPAN(m, m->names.bwd[OP_FINAL_NORM], 0, norm_bwd_bytes(T, d->D, false),
              rmsnorm_backward(s->dres, m->ld_d, false, m->dw.final_norm, s->dln, m->ld_d, x, m->ld_d, m->w.final_norm, s->rstd_final, T, 1, d->D, s->norm_partials));
     return loss_sum / (double)T;
 }
@@ -787,15 +830,15 @@ static double forward(qwen3_model_t *m, const int32_t *tokens, bool with_grad) {
     m->tokens = tokens;
     int64_t span = trace_begin(m->trace);
     if (m->opt.weights_bf16)
-        SPAN(m, m->names.fwd[OP_EMBED], 0,
+        SPAN(m, m->names.fwd[OP_EMBED], 0, embed_bytes(d, BF16_BYTES, false),
              embed_forward_bf16(layer_input(m, 0), m->ld_d, tokens, d->S + 1, m->w16.embed, d->B, d->S, d->D));
     else
-        SPAN(m, m->names.fwd[OP_EMBED], 0,
+        SPAN(m, m->names.fwd[OP_EMBED], 0, embed_bytes(d, F32_BYTES, false),
              embed_forward(layer_input(m, 0), m->ld_d, tokens, d->S + 1, m->w.embed, d->B, d->S, d->D));
     for (int64_t l = 0; l < d->L; l++)
-        SPAN(m, m->names.layer_fwd[l], 0, layer_forward(m, l, layer_input(m, l), layer_input(m, l + 1)));
+        SPAN(m, m->names.layer_fwd[l], 0, 0, layer_forward(m, l, layer_input(m, l), layer_input(m, l + 1)));
     double loss = head_forward_backward(m, with_grad);
-    trace_end(m->trace, 0, m->names.forward, span, 0);
+    trace_end(m->trace, 0, m->names.forward, span, 0, 0);
     return loss;
 }
 
@@ -804,6 +847,10 @@ double qwen3_forward_loss(qwen3_model_t *m, const int32_t *tokens) { return forw
 /* Gradients [lo, hi) are final: tell the grads_ready hook. */
 static void grads_ready(qwen3_model_t *m, const float *lo, const float *hi) {
     if (m->opt.grads_ready) m->opt.grads_ready(m->opt.grads_ready_arg, lo - m->dw.embed, hi - lo);
+}
+
+int64_t qwen3_grad_sum_squares_reads(const qwen3_model_t *m) {
+    return grad_sumsq_gap_floats(&m->sumsq, qwen3_num_params(&m->d));
 }
 
 double qwen3_grad_sum_squares(qwen3_model_t *m, double *partials) {
@@ -858,16 +905,16 @@ double qwen3_forward_backward_micro(qwen3_model_t *m, const int32_t *tokens, int
     int64_t span = trace_begin(m->trace);
     for (int64_t l = d->L - 1; l >= 0; l--) {
         const float *x = layer_input(m, l);
-        SPAN(m, m->names.layer_bwd[l], 0, {
+        SPAN(m, m->names.layer_bwd[l], 0, 0, {
             if (m->opt.remat == QWEN3_REMAT_FULL) layer_forward(m, l, x, m->s.dln); /* refill the shared acts; output unused */
             layer_backward(m, l, x);
         });
         if (last)
             grads_ready(m, m->dw.layers[l].input_norm, l + 1 < d->L ? m->dw.layers[l + 1].input_norm : m->dw.final_norm);
     }
-    SPAN(m, m->names.bwd[OP_EMBED], 0, embed_backward(m->dw.embed, m->s.dres, m->ld_d, tokens, d->S + 1, d->B, d->S, d->D));
+    SPAN(m, m->names.bwd[OP_EMBED], 0, embed_bytes(d, F32_BYTES, true), embed_backward(m->dw.embed, m->s.dres, m->ld_d, tokens, d->S + 1, d->B, d->S, d->D));
     if (last) grads_ready(m, m->dw.embed, m->dw.embed + d->V * d->D);
     m->grads_accumulate = m->grads_final = false;
-    trace_end(m->trace, 0, m->names.backward, span, 0);
+    trace_end(m->trace, 0, m->names.backward, span, 0, 0);
     return loss;
 }

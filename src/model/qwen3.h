@@ -208,6 +208,8 @@ double qwen3_forward_backward_micro(qwen3_model_t *m, const int32_t *tokens, int
  * the rest (grad_sumsq.h); otherwise one read of all (adamw_sum_squares, the same bits).
  * partials: adamw_norm_partials(qwen3_num_params) doubles. */
 double qwen3_grad_sum_squares(qwen3_model_t *m, double *partials);
+/* The gradient floats the next qwen3_grad_sum_squares reads (the rest were summed as written). */
+int64_t qwen3_grad_sum_squares_reads(const qwen3_model_t *m);
 
 /* weight_dtype=bfloat16: widens the bf16 norm weights into the fp32 buffer their kernels read,
  * through the model's views (no allocation: it runs after every update). No-op otherwise. */

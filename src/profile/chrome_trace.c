@@ -116,8 +116,12 @@ static void write_event(jw_t *w, const trace_lane_t *L, const trace_event_t *e) 
     jw_us(w, e->end_ns - e->start_ns);
     if (trace_is_root_step(w->t, e))
         jw_printf(w, ",\"args\":{\"step_num\":%lld}", (long long)e->step_num);
+    else if (e->flops > 0 && e->bytes > 0)
+        jw_printf(w, ",\"args\":{\"flops\":%.17g,\"bytes_accessed\":%.17g}", e->flops, e->bytes);
     else if (e->flops > 0)
         jw_printf(w, ",\"args\":{\"flops\":%.17g}", e->flops);
+    else if (e->bytes > 0)
+        jw_printf(w, ",\"args\":{\"bytes_accessed\":%.17g}", e->bytes);
     jw_puts(w, "}", 1);
 }
 

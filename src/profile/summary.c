@@ -14,7 +14,7 @@ typedef struct {
     trace_category_t cat;
     const char *part;    /* NULL for a category total */
     int64_t calls, ns;
-    double flops;
+    double flops, bytes;
 } acc_t;
 
 static bool is_leaf(trace_category_t c) { return c >= TRACE_CAT_MATMUL && c <= TRACE_CAT_DATA; }
@@ -74,6 +74,7 @@ static void add(acc_t *a, const trace_event_t *e) {
     a->calls++;
     a->ns += e->end_ns - e->start_ns;
     a->flops += e->flops;
+    a->bytes += e->bytes;
 }
 
 /* Part accumulators: parts are few (bounded by the names), so a linear search is fine. */
@@ -160,17 +161,21 @@ static void row_spread(const trace_t *t, const tally_t *ty, trace_category_t cat
         }
 }
 
-static void fill_row(summary_row_t *r, const char *cat, const char *part, int64_t calls,
-                     double ns, double flops, double step_ns, double peak) {
+static void fill_row(summary_row_t *r, const char *cat, const char *part, const acc_t *a, double step_ns,
+                     const summary_t *s) {
+    double ns = (double)a->ns;
     memset(r, 0, sizeof *r);
     snprintf(r->category, sizeof r->category, "%s", cat);
     snprintf(r->part, sizeof r->part, "%s", part ? part : "");
-    r->calls = calls;
+    r->calls = a->calls;
     r->total_ms = ns * 1e-6;
     r->share = step_ns > 0 ? ns / step_ns : 0;
-    r->flops = flops;
-    r->gflops_per_s = ns > 0 ? flops / ns : 0;   /* flop per ns == GFLOP/s */
-    r->pct_peak = peak > 0 ? 100.0 * r->gflops_per_s / peak : 0;
+    r->flops = a->flops;
+    r->gflops_per_s = ns > 0 ? a->flops / ns : 0;   /* flop per ns == GFLOP/s */
+    r->pct_peak = s->peak_gflops > 0 ? 100.0 * r->gflops_per_s / s->peak_gflops : 0;
+    r->bytes = a->bytes;
+    r->gbytes_per_s = ns > 0 ? a->bytes / ns : 0;   /* byte per ns == GB/s */
+    r->pct_bandwidth = s->peak_gbytes_per_s > 0 ? 100.0 * r->gbytes_per_s / s->peak_gbytes_per_s : 0;
 }
 
 /* Category then time descending, so each category's parts follow it biggest first. */
@@ -184,32 +189,33 @@ static void emit_rows(const trace_t *t, summary_t *s, tally_t *ty, double step_n
     qsort(ty->parts, ty->num_parts, sizeof *ty->parts, cmp_part);
     if (ty->num_rated) qsort(ty->rated, ty->num_rated, sizeof *ty->rated, cmp_rate); /* NULL without a lane */
     size_t p = 0;
-    double flops = 0;
+    acc_t total = {.calls = s->num_steps, .ns = llround(step_ns)}, other = {.ns = llround(s->other_ms * 1e6)};
     for (int c = 0; c < TRACE_CAT_COUNT; c++) {
         const acc_t *a = &ty->cats[c];
         if (a->calls == 0) continue;
         const char *name = trace_category_name((trace_category_t)c);
         summary_row_t *r = &s->rows[s->num_rows++];
-        fill_row(r, name, NULL, a->calls, (double)a->ns, a->flops, step_ns, s->peak_gflops);
+        fill_row(r, name, NULL, a, step_ns, s);
         row_spread(t, ty, (trace_category_t)c, NULL, &r->gflops_p10, &r->gflops_p90);
-        flops += a->flops;
+        total.flops += a->flops;
+        total.bytes += a->bytes;
         while (p < ty->num_parts && (int)ty->parts[p].cat < c) p++;
         for (; p < ty->num_parts && (int)ty->parts[p].cat == c; p++) {
             r = &s->rows[s->num_rows++];
-            fill_row(r, name, ty->parts[p].part, ty->parts[p].calls, (double)ty->parts[p].ns, ty->parts[p].flops,
-                     step_ns, s->peak_gflops);
+            fill_row(r, name, ty->parts[p].part, &ty->parts[p], step_ns, s);
             row_spread(t, ty, (trace_category_t)c, ty->parts[p].part, &r->gflops_p10, &r->gflops_p90);
         }
     }
-    fill_row(&s->rows[s->num_rows++], SUMMARY_OTHER_LABEL, NULL, 0, s->other_ms * 1e6, 0, step_ns, s->peak_gflops);
-    fill_row(&s->rows[s->num_rows++], SUMMARY_TOTAL_LABEL, NULL, s->num_steps, step_ns, flops, step_ns, s->peak_gflops);
+    fill_row(&s->rows[s->num_rows++], SUMMARY_OTHER_LABEL, NULL, &other, step_ns, s);
+    fill_row(&s->rows[s->num_rows++], SUMMARY_TOTAL_LABEL, NULL, &total, step_ns, s);
 }
 
 int summary_compute(const trace_t *t, int64_t first_step, int64_t last_step, double peak_gflops,
-                    summary_t *out) {
+                    double peak_gbytes_per_s, summary_t *out) {
     memset(out, 0, sizeof *out);
     out->first_step = out->last_step = -1;
     out->peak_gflops = peak_gflops;
+    out->peak_gbytes_per_s = peak_gbytes_per_s;
     for (size_t l = 0; l < t->num_lanes; l++) out->dropped_events += t->lanes[l].dropped;
     size_t num_steps = 0;
     step_span_t *steps = collect_steps(t, first_step, last_step, &num_steps);
@@ -253,22 +259,25 @@ void summary_print(const summary_t *s, FILE *f) {
     fprintf(f, "op summary: steps %lld..%lld (%lld), step time %.3f ms, kernels counted on lane \"%s\"",
             (long long)s->first_step, (long long)s->last_step, (long long)s->num_steps, s->step_ms, s->lane);
     if (s->peak_gflops > 0) fprintf(f, ", peak %.1f GFLOP/s", s->peak_gflops);
+    if (s->peak_gbytes_per_s > 0) fprintf(f, ", memory bandwidth %.1f GB/s", s->peak_gbytes_per_s);
     fprintf(f, "\n");
     if (s->dropped_events)
         fprintf(f, "warning: %zu events were dropped (trace buffers full): figures undercount\n",
                 s->dropped_events);
-    fprintf(f, "%-24s %-20s %9s %12s %7s %11s %7s %15s\n", "category", "part", "calls", "total ms", "share",
-            "GFLOP/s", "%peak", "p10-p90 GFLOP/s");
+    fprintf(f, "%-24s %-20s %9s %12s %7s %11s %7s %15s %9s %6s\n", "category", "part", "calls", "total ms", "share",
+            "GFLOP/s", "%peak", "p10-p90 GFLOP/s", "GB/s", "%bw");
     for (size_t i = 0; i < s->num_rows; i++) {
         const summary_row_t *r = &s->rows[i];
-        char calls[24] = "-", gf[24] = "-", pk[24] = "-", spread[48] = "-";
+        char calls[24] = "-", gf[24] = "-", pk[24] = "-", spread[48] = "-", gb[24] = "-", bw[24] = "-";
         if (r->calls) snprintf(calls, sizeof calls, "%lld", (long long)r->calls);
         if (r->flops > 0) snprintf(gf, sizeof gf, "%.1f", r->gflops_per_s);
         if (r->flops > 0 && s->peak_gflops > 0) snprintf(pk, sizeof pk, "%.1f%%", r->pct_peak);
         if (r->gflops_p90 > 0) snprintf(spread, sizeof spread, "%.0f-%.0f", r->gflops_p10, r->gflops_p90);
+        if (r->bytes > 0) snprintf(gb, sizeof gb, "%.1f", r->gbytes_per_s);
+        if (r->bytes > 0 && s->peak_gbytes_per_s > 0) snprintf(bw, sizeof bw, "%.0f%%", r->pct_bandwidth);
         /* Part rows are indented under their category. */
-        fprintf(f, "%-24s %-20s %9s %12.3f %6.1f%% %11s %7s %15s\n", r->part[0] ? "" : r->category,
-                r->part, calls, r->total_ms, 100.0 * r->share, gf, pk, spread);
+        fprintf(f, "%-24s %-20s %9s %12.3f %6.1f%% %11s %7s %15s %9s %6s\n", r->part[0] ? "" : r->category,
+                r->part, calls, r->total_ms, 100.0 * r->share, gf, pk, spread, gb, bw);
     }
 }
 
@@ -288,11 +297,14 @@ static void js_str(pb_buf_t *b, const char *s) {
     js_raw(b, "\"");
 }
 
-/* "key":number; JSON has no inf or nan, so those become 0. */
-static void js_num(pb_buf_t *b, const char *key, double v) {
-    char tmp[96];
-    snprintf(tmp, sizeof tmp, "\"%s\":%.10g", key, isfinite(v) ? v : 0.0);
-    js_raw(b, tmp);
+/* ,"key":number for each of n fields; JSON has no inf or nan, so those become 0. */
+typedef struct { const char *key; double value; } js_field_t;
+static void js_nums(pb_buf_t *b, const js_field_t *f, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char tmp[96];
+        snprintf(tmp, sizeof tmp, ",\"%s\":%.10g", f[i].key, isfinite(f[i].value) ? f[i].value : 0.0);
+        js_raw(b, tmp);
+    }
 }
 
 static void js_row(pb_buf_t *b, const summary_row_t *r) {
@@ -300,44 +312,25 @@ static void js_row(pb_buf_t *b, const summary_row_t *r) {
     js_str(b, r->category);
     js_raw(b, ",\"part\":");
     js_str(b, r->part);
-    js_raw(b, ",");
-    js_num(b, "calls", (double)r->calls);
-    js_raw(b, ",");
-    js_num(b, "total_ms", r->total_ms);
-    js_raw(b, ",");
-    js_num(b, "share", r->share);
-    js_raw(b, ",");
-    js_num(b, "flops", r->flops);
-    js_raw(b, ",");
-    js_num(b, "gflops_per_s", r->gflops_per_s);
-    js_raw(b, ",");
-    js_num(b, "pct_peak", r->pct_peak);
-    js_raw(b, ",");
-    js_num(b, "gflops_p10", r->gflops_p10);
-    js_raw(b, ",");
-    js_num(b, "gflops_p90", r->gflops_p90);
+    const js_field_t f[] = {{"calls", (double)r->calls}, {"total_ms", r->total_ms}, {"share", r->share},
+                            {"flops", r->flops}, {"gflops_per_s", r->gflops_per_s}, {"pct_peak", r->pct_peak},
+                            {"gflops_p10", r->gflops_p10}, {"gflops_p90", r->gflops_p90}, {"bytes", r->bytes},
+                            {"gbytes_per_s", r->gbytes_per_s}, {"pct_bandwidth", r->pct_bandwidth}};
+    js_nums(b, f, sizeof f / sizeof f[0]);
     js_raw(b, "}");
 }
 
 int summary_write_json(const summary_t *s, const char *path, char *err, size_t errlen) {
     pb_buf_t b;
     pb_init(&b);
-    js_raw(&b, "{");
-    js_num(&b, "first_step", (double)s->first_step);
-    js_raw(&b, ",");
-    js_num(&b, "last_step", (double)s->last_step);
-    js_raw(&b, ",");
-    js_num(&b, "num_steps", (double)s->num_steps);
-    js_raw(&b, ",");
-    js_num(&b, "step_ms", s->step_ms);
-    js_raw(&b, ",");
-    js_num(&b, "kernel_ms", s->kernel_ms);
-    js_raw(&b, ",");
-    js_num(&b, "other_ms", s->other_ms);
-    js_raw(&b, ",");
-    js_num(&b, "peak_gflops", s->peak_gflops);
-    js_raw(&b, ",");
-    js_num(&b, "dropped_events", (double)s->dropped_events);
+    char first[64];
+    snprintf(first, sizeof first, "{\"first_step\":%lld", (long long)s->first_step);
+    js_raw(&b, first);
+    const js_field_t f[] = {{"last_step", (double)s->last_step}, {"num_steps", (double)s->num_steps},
+                            {"step_ms", s->step_ms}, {"kernel_ms", s->kernel_ms}, {"other_ms", s->other_ms},
+                            {"peak_gflops", s->peak_gflops}, {"peak_gbytes_per_s", s->peak_gbytes_per_s},
+                            {"dropped_events", (double)s->dropped_events}};
+    js_nums(&b, f, sizeof f / sizeof f[0]);
     js_raw(&b, ",\"lane\":");
     js_str(&b, s->lane);
     js_raw(&b, ",\"rows\":[");

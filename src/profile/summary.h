@@ -17,6 +17,12 @@
  *    selected steps are ignored.
  *  - other = step time - counted leaf time.
  * GFLOP/s = flops / time of the row; % of peak = 100 * GFLOP/s / peak (0 if peak <= 0).
+ * GB/s = bytes / time of the row (the bytes each kernel must move: trace_event_t.bytes); % of
+ * bandwidth = 100 * GB/s / the memory bandwidth given (0 if that is <= 0). A row can pass 100%
+ * where its data stays in the caches between kernels (a layer's activations at small sizes), or
+ * where its stores skip the read-for-ownership the bandwidth probe's own stores pay. Together the
+ * two percentages say which limit a row is near: its FLOP/s peak (matmuls, attention) or the
+ * memory bus (norms, elementwise passes, the optimizer).
  * The spread of a row with flops: its calls that count flops, ordered by their own GFLOP/s;
  * p10 and p90 are the rates of the calls within which the first 10% and 90% of the row's flops
  * fall (weighted by flops, so many small calls do not outvote the big ones). A wide spread
@@ -43,6 +49,9 @@ typedef struct summary_row {
     double gflops_per_s; /* 0 when the row recorded no flops */
     double pct_peak;
     double gflops_p10, gflops_p90; /* the spread over calls, see above; 0 without flops */
+    double bytes;
+    double gbytes_per_s;  /* 0 when the row recorded no bytes */
+    double pct_bandwidth;
 } summary_row_t;
 
 typedef struct summary {
@@ -52,6 +61,7 @@ typedef struct summary {
     double kernel_ms;     /* sum of counted leaf spans */
     double other_ms;      /* step_ms - kernel_ms */
     double peak_gflops;
+    double peak_gbytes_per_s; /* memory bandwidth for % of bandwidth; 0 = not known */
     size_t dropped_events; /* over all lanes: when > 0 the figures undercount */
     char lane[64];         /* the lane kernels were counted on */
     /* Rows: per category (enum order) its total row then its parts (by time, descending),
@@ -62,7 +72,7 @@ typedef struct summary {
 
 /* Steps in [first_step, last_step]; first_step < 0 selects every step. 0, or -1 on OOM. */
 int summary_compute(const trace_t *t, int64_t first_step, int64_t last_step, double peak_gflops,
-                    summary_t *out);
+                    double peak_gbytes_per_s, summary_t *out);
 void summary_free(summary_t *s);
 /* Aligned, human-readable table. */
 void summary_print(const summary_t *s, FILE *f);

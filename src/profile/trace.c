@@ -101,7 +101,7 @@ void trace_set_recording(trace_t *t, bool on) {
 }
 
 bool trace_record(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, int64_t end_ns,
-                  int64_t step_num, double flops) {
+                  int64_t step_num, double flops, double bytes) {
     if (!t || lane >= t->num_lanes) return false;
     trace_lane_t *L = &t->lanes[lane];
     /* A full lane drops the newest span and counts it: the buffer never grows mid-run. */
@@ -115,20 +115,21 @@ bool trace_record(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns,
     e->end_ns = end_ns < start_ns ? start_ns : end_ns;
     e->step_num = step_num;
     e->flops = flops;
+    e->bytes = bytes;
     e->name_id = name_id;
     e->lane = lane;
     __atomic_store_n(&L->count, n + 1, __ATOMIC_RELEASE); /* publish after the event is whole */
     return true;
 }
 
-void trace_end(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, double flops) {
+void trace_end(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, double flops, double bytes) {
     if (!t || start_ns == 0) return;
-    trace_record(t, lane, name_id, start_ns, trace_now_ns(), -1, flops);
+    trace_record(t, lane, name_id, start_ns, trace_now_ns(), -1, flops, bytes);
 }
 
 void trace_end_step(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, int64_t step_num) {
     if (!t || start_ns == 0) return;
-    trace_record(t, lane, name_id, start_ns, trace_now_ns(), step_num, 0.0);
+    trace_record(t, lane, name_id, start_ns, trace_now_ns(), step_num, 0.0, 0.0);
 }
 
 const char *trace_category_name(trace_category_t c) {

@@ -36,6 +36,11 @@ typedef struct trace_event {
     int64_t end_ns;
     int64_t step_num;  /* >= 0 on root "train" spans, -1 elsewhere */
     double flops;      /* floating-point operations the span performed, 0 if not counted */
+    double bytes;      /* memory its kernel must move, 0 if not counted: each operand read once and
+                        * each result written once, in their stored dtypes (a result it adds onto
+                        * is read as well), as XLA's bytes_accessed counts it. Caches, re-reads
+                        * and a write's read-for-ownership are not counted: it is the traffic
+                        * no implementation avoids, so GB/s over it is a floor on what moved. */
     uint32_t name_id;
     uint32_t lane;
 } trace_event_t;
@@ -85,8 +90,9 @@ int64_t trace_now_ns(void); /* CLOCK_MONOTONIC in ns */
 static inline int64_t trace_begin(const trace_t *t) {
     return (t && t->recording) ? trace_now_ns() : 0;
 }
-/* Record [start, now) on lane. No-op when start == 0. */
-void trace_end(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, double flops);
+/* Record [start, now) on lane, with the span's flops and bytes (0 when not counted). No-op when
+ * start == 0. */
+void trace_end(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, double flops, double bytes);
 /* Record a root step span with its step number. */
 void trace_end_step(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, int64_t step_num);
 
@@ -97,7 +103,7 @@ void trace_set_recording(trace_t *t, bool on);
  * Also lets tests and importers build traces by hand. False when the lane is full (counted
  * in dropped) or lane is out of range. */
 bool trace_record(trace_t *t, uint32_t lane, uint32_t name_id, int64_t start_ns, int64_t end_ns,
-                  int64_t step_num, double flops);
+                  int64_t step_num, double flops, double bytes);
 /* Lower-case category name ("step", "matmul", ...), used as the JSON "cat" and in the summary. */
 const char *trace_category_name(trace_category_t c);
 /* True for a root step span: category TRACE_CAT_STEP and step_num >= 0. */

@@ -7,7 +7,7 @@
 
 #include "util/atomic_file.h"
 
-enum { STAT_R = 1, STAT_STEP_NUM = 2, STAT_FLOPS = 3 };
+enum { STAT_R = 1, STAT_STEP_NUM = 2, STAT_FLOPS = 3, STAT_BYTES_ACCESSED = 4 };
 
 /* What to write, gathered once so the encoder only walks sorted arrays. */
 typedef struct {
@@ -18,7 +18,7 @@ typedef struct {
     size_t num_lines;
     uint32_t *meta_id;              /* per name id: event-metadata id, 0 if unused */
     int64_t base_mono_ns;           /* start of the earliest kept event */
-    bool any_flops;
+    bool any_flops, any_bytes;
 } xplane_view_t;
 
 static bool root_step_in(const trace_t *t, const trace_event_t *e, int64_t first, int64_t last) {
@@ -74,6 +74,7 @@ static bool collect_lane(xplane_view_t *v, size_t l, bool windowed, int64_t lo, 
         v->meta_id[e->name_id] = 1;
         if (e->start_ns < v->base_mono_ns) v->base_mono_ns = e->start_ns;
         if (e->flops > 0 && !trace_is_root_step(v->t, e)) v->any_flops = true;
+        if (e->bytes > 0 && !trace_is_root_step(v->t, e)) v->any_bytes = true;
     }
     qsort(v->events[l], n, sizeof *v->events[l], cmp_event);
     v->counts[l] = n;
@@ -129,6 +130,13 @@ static void put_stat_int64(pb_buf_t *b, int64_t meta_id, int64_t value) {
     pb_end(b, m);
 }
 
+static void put_stat_uint64(pb_buf_t *b, int64_t meta_id, double value) {
+    size_t s = pb_begin(b, 4);          /* XEvent.stats */
+    pb_int64(b, 1, meta_id);
+    pb_uint64(b, 3, (uint64_t)(value + 0.5));   /* uint64_value */
+    pb_end(b, s);
+}
+
 static void put_event(pb_buf_t *b, const xplane_view_t *v, const trace_event_t *e) {
     size_t m = pb_begin(b, 4);          /* XLine.events */
     pb_int64(b, 1, v->meta_id[e->name_id]);
@@ -137,11 +145,10 @@ static void put_event(pb_buf_t *b, const xplane_view_t *v, const trace_event_t *
     if (trace_is_root_step(v->t, e)) {
         put_stat_int64(b, STAT_R, 1);
         put_stat_int64(b, STAT_STEP_NUM, e->step_num);
-    } else if (e->flops > 0) {
-        size_t s = pb_begin(b, 4);
-        pb_int64(b, 1, STAT_FLOPS);
-        pb_uint64(b, 3, (uint64_t)(e->flops + 0.5));   /* uint64_value */
-        pb_end(b, s);
+    } else {
+        if (e->flops > 0) put_stat_uint64(b, STAT_FLOPS, e->flops);
+        /* XProf's cost-model stat: the trace viewer shows it as an arg (flops it hides). */
+        if (e->bytes > 0) put_stat_uint64(b, STAT_BYTES_ACCESSED, e->bytes);
     }
     pb_end(b, m);
 }
@@ -177,6 +184,7 @@ static void put_plane(pb_buf_t *b, const xplane_view_t *v) {
     put_metadata_entry(b, 5, STAT_R, "_r");
     put_metadata_entry(b, 5, STAT_STEP_NUM, "step_num");
     if (v->any_flops) put_metadata_entry(b, 5, STAT_FLOPS, "flops");
+    if (v->any_bytes) put_metadata_entry(b, 5, STAT_BYTES_ACCESSED, "bytes_accessed");
     pb_end(b, m);
 }
 

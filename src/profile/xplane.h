@@ -4,7 +4,8 @@
  * earliest written event, the same for every line), lines sorted by name; events sorted by
  * start, then longer first, so parents precede children; offsets and durations in ps. Root
  * step spans carry stats _r = 1 and step_num = N (int64, which XProf's IntValue needs), so
- * XProf shows them as steps "train N"; other spans with flops > 0 carry "flops" (uint64).
+ * XProf shows them as steps "train N"; other spans with flops > 0 carry "flops" (uint64) and
+ * with bytes > 0 "bytes_accessed" (uint64), XProf's cost-model stats.
  * Fields are written in field-number order and map entries by key, so the bytes equal
  * protobuf's deterministic serialization. */
 #ifndef STEPSCOPE_XPLANE_H

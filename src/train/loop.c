@@ -25,6 +25,7 @@
 #include "util/atomic_file.h"
 #include "util/cpustat.h"
 #include "util/memstat.h"
+#include "util/membw.h"
 #include "util/peak.h"
 
 /* The communication lane exists only with several ranks. */
@@ -77,6 +78,7 @@ typedef struct loop {
     int64_t eval_batches;     /* per evaluation: eval_steps, or with -1 the whole set's */
     trace_t *trace;
     int64_t profile_first, profile_last; /* -1 when not profiling */
+    double peak_gb_per_s; /* memory bandwidth for the op summary's % of bandwidth; 0 = not known */
     uint32_t span_train, span_data_wait, span_eval, span_checkpoint;
     /* shared between the threads, under mu */
     pthread_mutex_t mu;
@@ -151,7 +153,7 @@ static void evaluate(loop_t *l, step_record_t *rec) {
     rec->eval_loss = sum / (double)l->eval_batches;
     if (recording) {
         trace_set_recording(l->trace, true);
-        trace_end(l->trace, LANE_COMPUTE, l->span_eval, span, 0);
+        trace_end(l->trace, LANE_COMPUTE, l->span_eval, span, 0, 0);
     }
 }
 
@@ -197,7 +199,7 @@ static void checkpoint_before_update(void *arg) {
     finish_checkpoint(l, l->checkpoint_async - 1, true);
     pthread_mutex_unlock(&l->mu);
     l->checkpoint_wait_s = (double)(now_ns() - t0) * 1e-9;
-    trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint_wait, span, 0);
+    trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint_wait, span, 0, 0);
     l->checkpoint_async = 0;
 }
 
@@ -225,7 +227,7 @@ static void *compute_main(void *arg) {
         double wait = 0.0;
         int64_t wait_span = trace_begin(l->trace);
         const int32_t *tokens = data_next(l->data, i, &wait);
-        trace_end(l->trace, LANE_COMPUTE, l->span_data_wait, wait_span, 0);
+        trace_end(l->trace, LANE_COMPUTE, l->span_data_wait, wait_span, 0, 0);
         step_result_t res;
         train_step(&l->state, tokens, &res);
         data_release(l->data, i);
@@ -272,7 +274,7 @@ static void *compute_main(void *arg) {
                  * write or a wait for one. The last step's is written so with async too. */
                 int64_t span = trace_begin(l->trace);
                 finish_checkpoint(l, i, false);
-                trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint, span, 0);
+                trace_end(l->trace, LANE_COMPUTE, l->span_checkpoint, span, 0, 0);
                 end = pause_ended(&l->checkpoint_ns, end);
             }
         }
@@ -321,7 +323,7 @@ static int write_profile(loop_t *l, double peak_tflops, profile_files_t *pf, cha
     if (xplane_write(l->trace, pf->xplane, host, l->profile_first, l->profile_last, err, errlen) != 0) return 1;
     if (chrome_trace_write(l->trace, pf->trace, err, errlen) != 0) return 1;
     summary_t s;
-    if (summary_compute(l->trace, l->profile_first, l->profile_last, peak_tflops * 1000.0, &s) == 0) {
+    if (summary_compute(l->trace, l->profile_first, l->profile_last, peak_tflops * 1000.0, l->peak_gb_per_s, &s) == 0) {
         int rc = summary_write_json(&s, pf->summary, err, errlen);
         summary_free(&s);
         if (rc) return 1;
@@ -356,6 +358,35 @@ static double resolve_peak(const config_t *cfg, int threads, double *probe_befor
            bf16 ? "bf16" : "fp32", threads, peak_probe_method(bf16));
     if (cfg->machine_probe) *probe_before = p;
     return p;
+}
+
+/* The memory bandwidth the op summary's % of bandwidth is read against: device_peak_gb_per_s, or
+ * util/membw.h's probe over three 256 MiB arrays, mapped and unmapped before set-up maps the
+ * plan. Smaller arrays read higher here (64 MiB ones 1.2-1.5x, though past the 32 MiB L3), and a
+ * step's big passes stream gigabytes, so the probe streams as far as bench/mem_probe does. Its
+ * half second is the best of 10-20 rounds: this VM's bus flips between ~50 and ~90 GB/s within
+ * seconds, and the limit a row is read against is the faster. Only a profiled run takes it:
+ * nothing else reads it. */
+static double resolve_bandwidth(const config_t *cfg, int threads) {
+    if (cfg->device_peak_gb_per_s > 0) {
+        printf("memory bandwidth: %.1f GB/s (device_peak_gb_per_s), for the op summary\n", cfg->device_peak_gb_per_s);
+        return cfg->device_peak_gb_per_s;
+    }
+    /* The probe's 768 MiB would be the peak RSS of a run whose plan is smaller: it runs only where
+     * the peak can be reset after it. */
+    if (!memstat_reset_peak()) {
+        printf("memory bandwidth: not measured (this kernel would not reset the peak RSS after the probe's 3 x 256 MiB); "
+               "the op summary gives GB/s only; set device_peak_gb_per_s for its %% of bandwidth\n");
+        return 0.0;
+    }
+    membw_t bw = membw_probe(threads, (size_t)256 << 20, 0.5);
+    memstat_reset_peak();
+    if (bw.best_gbs > 0)
+        printf("memory bandwidth: %.1f GB/s on %d threads (probe, for the op summary: the better of a STREAM triad with "
+               "streaming stores, %.1f, and an in-place a += s*b, %.1f, 12 bytes an element each; set "
+               "device_peak_gb_per_s to fix it)\n", bw.best_gbs, threads, bw.triad_gbs, bw.update_gbs);
+    else printf("memory bandwidth: not measured (no memory for the probe's 3 x 256 MiB); the op summary gives GB/s only\n");
+    return bw.best_gbs;
 }
 
 /* A step's batch: each rank's micro-batches one after another, B · micro_batches rows (a
@@ -485,6 +516,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
                (double)plan->total_bytes / 1073741824.0, multi ? " per rank" : "");
         if (multi) console_ranks(plan, world);
         peak = resolve_peak(cfg, plan->num_threads, &probe_before);
+        if (l.trace) l.peak_gb_per_s = resolve_bandwidth(cfg, plan->num_threads);
     }
     /* The data source and the output files are opened before set-up, which touches every planned
      * buffer (4-14 s for qwen3-0.6b here, minutes for the larger presets): a wrong dataset_path
@@ -671,7 +703,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     if (writer && l.state.zero) console_comm(plan, l.state.zero, l.comm_after_step0);
     if (writer && l.trace && pf.written) {
         summary_t s;
-        if (summary_compute(l.trace, l.profile_first, l.profile_last, peak * 1000.0, &s) == 0) {
+        if (summary_compute(l.trace, l.profile_first, l.profile_last, peak * 1000.0, l.peak_gb_per_s, &s) == 0) {
             printf("op summary, profiled steps %lld..%lld:\n", (long long)l.profile_first, (long long)l.profile_last);
             summary_print(&s, stdout);
             summary_free(&s);

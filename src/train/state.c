@@ -148,6 +148,15 @@ void train_state_destroy(train_state_t *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* The bytes the update must move for n parameters: the weights and both moments read and
+ * written in the dtypes they are held in, the gradient read, and the bf16 copy of fp32 master
+ * weights written (bf16 runs): 30 bytes a parameter in bf16 runs with fp32 state. */
+static double update_bytes(const train_state_t *s, int64_t n) {
+    double p = s->plan.weights_bf16 ? 2 : 4, m = (s->adam_m16 ? 2 : 4), v = s->plan.weights_bf16 ? 2 : 4;
+    double copy = !s->plan.weights_bf16 && s->params_bf16 ? 2 : 0;
+    return (double)n * (2 * (p + m + v) + sizeof(float) + copy);
+}
+
 void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     int64_t n = s->shard_n;
     const qwen3_dims_t *d = &s->plan.dims;
@@ -157,11 +166,11 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     loss /= (double)micros;
     if (s->zero) zero_finish_grads(s->zero);
     int64_t opt_span = trace_begin(s->trace);
-    int64_t t0 = trace_begin(s->trace);
+    int64_t t0 = trace_begin(s->trace), norm_reads = s->zero ? n : qwen3_grad_sum_squares_reads(s->model);
     double sums[2] = {s->zero ? adamw_sum_squares(s->grad_shard, n, s->norm_partials)
                               : qwen3_grad_sum_squares(s->model, s->norm_partials),
                       loss};
-    trace_end(s->trace, 0, s->span_grad_norm, t0, 2.0 * (double)n);
+    trace_end(s->trace, 0, s->span_grad_norm, t0, 2.0 * (double)norm_reads, (double)norm_reads * sizeof(float));
     /* Ranks' gradients were summed, and each rank's micro-batches': the global batch's mean
      * gradient is 1/(ranks · micro-batches) of it (equal token counts everywhere). */
     double inv_ranks = 1.0 / (double)s->plan.num_ranks, inv_sum = inv_ranks / (double)micros;
@@ -188,7 +197,7 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     else
         adamw_update(s->params + s->shard_lo, s->adam_m, s->adam_v, s->grad_shard, n, s->updates_done,
                      (float)(scale * inv_sum), &s->adam, p16);
-    trace_end(s->trace, 0, s->span_adamw, t0, 0);
+    trace_end(s->trace, 0, s->span_adamw, t0, 0, update_bytes(s, n));
     /* The next backward writes most gradients afresh; the ones it adds into go back to zero here,
      * for one shard and several alike (with several, the reduce-scatter rewrites the shard each
      * step and the local copy is only read by it, all of it done by zero_finish_grads above). */
@@ -203,7 +212,7 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
         }
     }
     qwen3_widen_norm_weights(s->model);
-    trace_end(s->trace, 0, s->span_optimizer, opt_span, 0);
+    trace_end(s->trace, 0, s->span_optimizer, opt_span, 0, 0);
 }
 
 double train_eval_loss(train_state_t *s, const int32_t *tokens) {

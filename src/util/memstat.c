@@ -33,6 +33,13 @@ bool memstat_read(memstat_t *m) {
     return true;
 }
 
+bool memstat_reset_peak(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return false;
+    bool ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
 uint64_t memstat_physical_bytes(void) {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;

@@ -17,6 +17,11 @@ typedef struct memstat {
 /* false (and *m zeroed) where /proc/self/status cannot be read or lacks the two fields. */
 bool memstat_read(memstat_t *m);
 
+/* Resets the high-water mark to the resident set now (Linux 4.0+: "5" into /proc/self/clear_refs),
+ * so that a probe's own buffers, mapped and unmapped before set-up, are not the run's peak. false
+ * where the kernel refuses it. */
+bool memstat_reset_peak(void);
+
 /* The machine's physical memory in bytes; 0 where the system does not say. */
 uint64_t memstat_physical_bytes(void);
 

@@ -1039,8 +1039,8 @@ def test_profile_files(tmp_path):
 
     # console: the op summary table
     assert "op summary, profiled steps 1..2:" in r.stdout
-    assert re.search(r"^category\s+part\s+calls\s+total ms.*p10-p90 GFLOP/s$", r.stdout, re.M)
-    assert re.search(r"^matmul\s.*\s\d+-\d+$", r.stdout, re.M)  # its spread, p10-p90
+    assert re.search(r"^category\s+part\s+calls\s+total ms.*p10-p90 GFLOP/s\s+GB/s\s+%bw$", r.stdout, re.M)
+    assert re.search(r"^matmul\s.*\s\d+-\d+\s+\d+\.\d\s+\d+%$", r.stdout, re.M)  # its spread, p10-p90, GB/s, %bw
     assert re.search(r"^total \(train steps\)\s+2\s", r.stdout, re.M)
     # metrics still cover every step
     recs, _ = read_metrics(tmp_path)
@@ -1060,6 +1060,71 @@ def test_profile_files(tmp_path):
     trace = json.loads(data)
     names = {ev.get("args", {}).get("step_name") or ev.get("name") for ev in trace["traceEvents"]}
     assert {n for n in names if isinstance(n, str) and re.fullmatch(r"train \d+", n)} == {"train 1", "train 2"}
+    # the kernels' bytes reach its trace viewer as an arg (flops it hides: IsInternalStat)
+    matmuls = [ev for ev in trace["traceEvents"] if str(ev.get("name", "")).startswith("matmul ")]
+    assert matmuls and all(int(ev["args"]["bytes_accessed"]) > 0 for ev in matmuls)
+
+
+KERNEL_CATS = {"matmul", "attention", "norm", "rope", "swiglu", "xent", "embed", "optimizer", "elementwise"}
+
+
+@pytest.mark.parametrize("dtype,weights,per_param", [("float32", "float32", 28), ("bfloat16", "float32", 30),
+                                                     ("bfloat16", "bfloat16", 16)])
+def test_profile_counts_each_kernels_bytes(tmp_path, dtype, weights, per_param):
+    """Every kernel span carries the bytes it must move (XProf's bytes_accessed): each matmul its
+    operands in their dtype and its fp32 result, the update its state in the dtypes held (fp32:
+    p, m, v read and written and g read, 28 bytes a parameter; bf16 matmuls add the bf16 copy's
+    write, 30; bf16 weights hold p, m and v in bf16, 16), the gradient norm what it reads. The op
+    summary gives each row's GB/s and its share of the bandwidth given or probed."""
+    given = dtype == "bfloat16"   # the fp32 run probes the bus itself
+    r = stepscope(tmp_path, "model_name=tiny", f"device_peak_tflops={PEAK}", "machine_probe=false", f"run_name={RUN}",
+                  "steps=2", f"dtype={dtype}", f"weight_dtype={weights}", "profiler=xplane",
+                  "skip_first_n_steps_for_profiler=1", "profiler_steps=1", *(["device_peak_gb_per_s=50"] if given else []))
+    assert r.returncode == 0, r.stdout + r.stderr
+    n = int(re.search(r"^stepscope: tiny, (\d+) parameters", r.stdout, re.M).group(1))
+    if given:
+        assert "memory bandwidth: 50.0 GB/s (device_peak_gb_per_s), for the op summary" in r.stdout
+    else:
+        m = re.search(r"^memory bandwidth: (\d+\.\d) GB/s on \d+ threads \(probe, for the op summary: the better of a "
+                      r"STREAM triad with streaming stores, (\d+\.\d), and an in-place a \+= s\*b, (\d+\.\d),", r.stdout, re.M)
+        assert m and float(m[1]) == max(float(m[2]), float(m[3])) > 0, r.stdout
+        # the probe's 3 x 256 MiB are mapped before set-up and the peak RSS reset after them
+        assert float(re.search(r"peak RSS (\d+\.\d+) GiB", r.stdout)[1]) < 0.5, r.stdout
+    prof = next((run_dir(tmp_path) / "tensorboard" / "plugins" / "profile").iterdir())
+    events = json.loads(gzip.decompress(next(prof.glob("*.trace.json.gz")).read_bytes()))["traceEvents"]
+    kernels = [e for e in events if e["ph"] == "X" and e.get("cat") in KERNEL_CATS]
+    assert {e["cat"] for e in kernels} >= KERNEL_CATS - {"rope"}     # rope runs fused with qk-norm here
+    for e in kernels:
+        assert e.get("args", {}).get("bytes_accessed", 0) > 0, e
+    a = 2 if dtype == "bfloat16" else 4      # the matmuls' operands; results are fp32
+    for e in (e for e in kernels if e["cat"] == "matmul"):
+        kind, shape = re.search(r" (fwd|dgrad|wgrad) \[(\d+)x(\d+)x(\d+)\]$", e["name"]).group(1, 2), None
+        T, O, I = map(int, re.search(r"\[(\d+)x(\d+)x(\d+)\]$", e["name"]).groups())
+        operands, result = {"fwd": (T * I + I * O, T * O), "dgrad": (T * O + O * I, T * I),
+                            "wgrad": (O * T + T * I, O * I)}[kind[0]]
+        # written, or read and written where the product adds onto its output
+        assert e["args"]["bytes_accessed"] in (a * operands + 4 * result, a * operands + 8 * result), e
+    update = [e for e in kernels if e["name"] == "adamw_update"]
+    assert [e["args"]["bytes_accessed"] for e in update] == [per_param * n]
+    norm = [e["args"]["bytes_accessed"] for e in kernels if e["name"] == "grad_norm"]
+    # bf16 products sum their gradients' squares as they write them: the pass reads the rest
+    assert len(norm) == 1 and (norm[0] == 4 * n if dtype == "float32" else 0 < norm[0] < 4 * n), (norm, n)
+
+    summ = json.loads((prof / "op_summary.json").read_text())
+    bw = summ["peak_gbytes_per_s"]
+    assert bw == 50 if given else bw > 0
+    rows = {(row["category"], row["part"]): row for row in summ["rows"]}
+    for cat in KERNEL_CATS - {"rope"}:
+        row = rows[(cat, "")]
+        assert row["bytes"] > 0, row
+        assert row["gbytes_per_s"] == pytest.approx(row["bytes"] / (row["total_ms"] * 1e6), rel=1e-6)
+        assert row["pct_bandwidth"] == pytest.approx(100 * row["gbytes_per_s"] / bw, rel=1e-6)
+    assert rows[("optimizer", "")]["bytes"] == per_param * n + norm[0]
+    total = rows[("total (train steps)", "")]
+    assert total["bytes"] == pytest.approx(sum(r["bytes"] for (c, p), r in rows.items() if not p and c in KERNEL_CATS))
+    assert re.search(r"^category\s+part\s+calls\s+total ms.*p10-p90 GFLOP/s\s+GB/s\s+%bw$", r.stdout, re.M)
+    assert re.search(r"^optimizer\s.*\s\d+\.\d\s+\d+%$", r.stdout, re.M)
+    assert re.search(r"memory bandwidth \d+\.\d GB/s$", r.stdout, re.M)
 
 
 def test_profile_names_what_ran_between_steps(tmp_path):

@@ -366,6 +366,12 @@ def test_reductions_overlap_backward_in_the_profile(tmp_path):
     overlapping = [(a["name"], b["name"]) for a in reduce for b in backward if overlap(a, b) > 0]
     # 3 profiled steps x (head + 3 of the 4 layers) buckets could overlap a later layer's backward.
     assert len(overlapping) >= 3, (len(reduce), len(backward))
+    # Each collective's span carries the bytes this rank sent in it: over the 3 profiled steps,
+    # 3 x the closing line's bytes per step.
+    per_step = int(re.search(r"collectives: (\d+) bytes sent per step per rank", r.stdout)[1])
+    comm = [e for e in spans if e["tid"] == comm_tid[0]]
+    assert all(e["args"]["bytes_accessed"] > 0 for e in reduce)
+    assert sum(e.get("args", {}).get("bytes_accessed", 0) for e in comm) == 3 * per_step
 
 
 def test_only_rank0_profiles_by_default(tmp_path):
