@@ -1120,6 +1120,8 @@ def test_profile_counts_each_kernels_bytes(tmp_path, dtype, weights, per_param):
         assert row["gbytes_per_s"] == pytest.approx(row["bytes"] / (row["total_ms"] * 1e6), rel=1e-6)
         assert row["pct_bandwidth"] == pytest.approx(100 * row["gbytes_per_s"] / bw, rel=1e-6)
     assert rows[("optimizer", "")]["bytes"] == per_param * n + norm[0]
+    assert rows[("optimizer", "adamw update")]["bytes"] == per_param * n        # a part each, with its own GB/s
+    assert rows[("optimizer", "gradient norm")]["bytes"] == norm[0]
     total = rows[("total (train steps)", "")]
     assert total["bytes"] == pytest.approx(sum(r["bytes"] for (c, p), r in rows.items() if not p and c in KERNEL_CATS))
     assert re.search(r"^category\s+part\s+calls\s+total ms.*p10-p90 GFLOP/s\s+GB/s\s+%bw$", r.stdout, re.M)
