@@ -1104,6 +1104,15 @@ def test_profile_counts_each_kernels_bytes(tmp_path, dtype, weights, per_param):
                             "wgrad": (O * T + T * I, O * I)}[kind[0]]
         # written, or read and written where the product adds onto its output
         assert e["args"]["bytes_accessed"] in (a * operands + 4 * result, a * operands + 8 * result), e
+    # tiny: T = 2 x 256 tokens, d = 64, 4 query heads and 2 KV heads of 16; attention reads q, k, v
+    # and writes its output and a log-sum-exp a head and row (backward: dO, O, q, k, v, lse in;
+    # dq, dk, dv out); a layer norm reads x and its weight, writes its output (bf16 for a bf16
+    # matmul's input) and an rstd a row
+    T, q, kv = 512, 512 * 64, 512 * 32
+    attn = {e["name"]: e["args"]["bytes_accessed"] for e in kernels if e["cat"] == "attention"}
+    assert attn == {"flash_attention fwd": 4 * (2 * q + 2 * kv + 4 * T), "flash_attention bwd": 4 * (4 * q + 4 * kv + 4 * T)}
+    norms = {e["args"]["bytes_accessed"] for e in kernels if e["name"] == "rmsnorm fwd"}
+    assert norms == {T * 64 * (4 + a) + (64 + T) * 4}, norms
     update = [e for e in kernels if e["name"] == "adamw_update"]
     assert [e["args"]["bytes_accessed"] for e in update] == [per_param * n]
     norm = [e["args"]["bytes_accessed"] for e in kernels if e["name"] == "grad_norm"]
