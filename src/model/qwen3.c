@@ -508,7 +508,8 @@ typedef struct weight {
 /* src [T, cols] (rows ld_src apart) into bf16 rows ld16(m, cols) apart: a matmul input in
  * s.in16 or s.dy16. */
 static void to_bf16_rows(qwen3_model_t *m, bf16_t *dst, const float *src, int64_t ld_src, int64_t T, int64_t cols) {
-    SPAN(m, m->names.fwd[OP_TO_BF16], 0, (double)T * (double)cols * (F32_BYTES + BF16_BYTES), bf16_from_f32_rows(dst, ld16(m, cols), src, ld_src, T, cols));
+    SPAN(m, m->names.fwd[OP_TO_BF16], 0, (double)T * (double)cols * (F32_BYTES + BF16_BYTES),
+         bf16_from_f32_rows(dst, ld16(m, cols), src, ld_src, T, cols));
 }
 
 /* bf16 runs: y (= or +=) x·Wᵀ with x already in s.in16 (bf16 [T, in], rows ld16(m, in) apart), written there by its
@@ -596,9 +597,11 @@ static void layer_norm_for_matmul(qwen3_model_t *m, int op, float *rstd, const f
     const qwen3_dims_t *d = &m->d;
     int64_t T = d->B * d->S;
     if (m->opt.bf16)
-        SPAN(m, m->names.fwd[op], 0, norm_fwd_bytes(T, d->D, BF16_BYTES), rmsnorm_forward_bf16(m->s.in16, ld16(m, d->D), rstd, x, m->ld_d, w, T, 1, d->D, (float)d->eps));
+        SPAN(m, m->names.fwd[op], 0, norm_fwd_bytes(T, d->D, BF16_BYTES),
+             rmsnorm_forward_bf16(m->s.in16, ld16(m, d->D), rstd, x, m->ld_d, w, T, 1, d->D, (float)d->eps));
     else
-        SPAN(m, m->names.fwd[op], 0, norm_fwd_bytes(T, d->D, F32_BYTES), rmsnorm_forward(m->s.ln, m->ld_d, rstd, x, m->ld_d, w, T, 1, d->D, (float)d->eps));
+        SPAN(m, m->names.fwd[op], 0, norm_fwd_bytes(T, d->D, F32_BYTES),
+             rmsnorm_forward(m->s.ln, m->ld_d, rstd, x, m->ld_d, w, T, 1, d->D, (float)d->eps));
 }
 
 /* h = swiglu(gate_up) for the down projection: fp32 into s.h, or bf16 into s.in16. */
@@ -608,7 +611,8 @@ static void swiglu_for_matmul(qwen3_model_t *m, const float *gate_up) {
     if (m->opt.bf16)
         SPAN(m, m->names.fwd[OP_SWIGLU], 0, (double)T * (double)d->F * (2 * F32_BYTES + BF16_BYTES),
              swiglu_forward_bf16(m->s.in16, ld16(m, d->F), gate_up, m->ld_gate_up, T, d->F));
-    else SPAN(m, m->names.fwd[OP_SWIGLU], 0, (double)T * (double)d->F * 3 * F32_BYTES, swiglu_forward(m->s.h, m->ld_f, gate_up, m->ld_gate_up, T, d->F));
+    else SPAN(m, m->names.fwd[OP_SWIGLU], 0, (double)T * (double)d->F * 3 * F32_BYTES,
+              swiglu_forward(m->s.h, m->ld_f, gate_up, m->ld_gate_up, T, d->F));
 }
 
 /* The matmul input a *_for_matmul producer left: y (= or +=) x·Wᵀ, and its backward. */
@@ -667,7 +671,8 @@ static void qk_from_qkv(qwen3_model_t *m, const qwen3_layer_params_t *w, layer_a
     } else {
         for (int64_t t = 0; t < T; t++) memcpy(a->qk + t * QK, a->qkv + t * ld_qkv, (size_t)QK * sizeof(float));
     }
-    SPAN(m, m->names.fwd[OP_ROPE], 0, 2.0 * F32_BYTES * (double)(T * QK) + rope_table_bytes(d), rope_forward(a->qk, QK, m->s.rope_cos, m->s.rope_sin, d->B, d->S, d->H + d->KV, d->HD));
+    SPAN(m, m->names.fwd[OP_ROPE], 0, 2.0 * F32_BYTES * (double)(T * QK) + rope_table_bytes(d),
+         rope_forward(a->qk, QK, m->s.rope_cos, m->s.rope_sin, d->B, d->S, d->H + d->KV, d->HD));
 }
 
 /* Norm the input, project q/k/v, qk-norm and rope q and k: fills a->qkv, a->qk, a->rstd1. */
@@ -729,7 +734,8 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     else
         linear_bwd(m, OP_GATE_UP, s->dln, ld_d, dw->gate_proj, s->dgate_up, m->ld_gate_up, s->ln, ld_d, LAYER_WEIGHT(m, l, gate_proj), T,
                    2 * d->F, d->D);
-    SPAN(m, m->names.bwd[OP_NORM], 0, norm_bwd_bytes(T, d->D, true), rmsnorm_backward(s->dres, ld_d, true, dw->post_norm, s->dln, ld_d, a->x2, ld_d, w->post_norm, a->rstd2, T, 1, d->D, s->norm_partials));
+    SPAN(m, m->names.bwd[OP_NORM], 0, norm_bwd_bytes(T, d->D, true),
+         rmsnorm_backward(s->dres, ld_d, true, dw->post_norm, s->dln, ld_d, a->x2, ld_d, w->post_norm, a->rstd2, T, 1, d->D, s->norm_partials));
     /* Attention. */
     linear_bwd(m, OP_O_PROJ, s->dattn, ld_hhd, dw->o_proj, s->dres, ld_d, a->attn, ld_hhd, LAYER_WEIGHT(m, l, o_proj), T, d->D, HHD);
     if (m->opt.remat == QWEN3_REMAT_MINIMAL) qk_from_qkv(m, w, a); /* the shared buffer holds another layer's */
@@ -764,7 +770,8 @@ static void layer_backward(qwen3_model_t *m, int64_t l, const float *x) {
     }
     layer_norm_for_matmul(m, OP_NORM, a->rstd1, x, w->input_norm);
     linear_bwd_produced(m, OP_QKV, s->dln, ld_d, dw->q_proj, s->dqkv, m->ld_qkv, s->ln, ld_d, LAYER_WEIGHT(m, l, q_proj), T, QKV, d->D);
-    SPAN(m, m->names.bwd[OP_NORM], 0, norm_bwd_bytes(T, d->D, true), rmsnorm_backward(s->dres, ld_d, true, dw->input_norm, s->dln, ld_d, x, ld_d, w->input_norm, a->rstd1, T, 1, d->D, s->norm_partials));
+    SPAN(m, m->names.bwd[OP_NORM], 0, norm_bwd_bytes(T, d->D, true),
+         rmsnorm_backward(s->dres, ld_d, true, dw->input_norm, s->dln, ld_d, x, ld_d, w->input_norm, a->rstd1, T, 1, d->D, s->norm_partials));
 }
 
 /* Final norm, then the LM head and cross-entropy chunk by chunk: each chunk's logits become
@@ -912,7 +919,8 @@ double qwen3_forward_backward_micro(qwen3_model_t *m, const int32_t *tokens, int
         if (last)
             grads_ready(m, m->dw.layers[l].input_norm, l + 1 < d->L ? m->dw.layers[l + 1].input_norm : m->dw.final_norm);
     }
-    SPAN(m, m->names.bwd[OP_EMBED], 0, embed_bytes(d, F32_BYTES, true), embed_backward(m->dw.embed, m->s.dres, m->ld_d, tokens, d->S + 1, d->B, d->S, d->D));
+    SPAN(m, m->names.bwd[OP_EMBED], 0, embed_bytes(d, F32_BYTES, true),
+         embed_backward(m->dw.embed, m->s.dres, m->ld_d, tokens, d->S + 1, d->B, d->S, d->D));
     if (last) grads_ready(m, m->dw.embed, m->dw.embed + d->V * d->D);
     m->grads_accumulate = m->grads_final = false;
     trace_end(m->trace, 0, m->names.backward, span, 0, 0);
