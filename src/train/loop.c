@@ -518,6 +518,16 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         peak = resolve_peak(cfg, plan->num_threads, &probe_before);
         if (l.trace) l.peak_gb_per_s = resolve_bandwidth(cfg, plan->num_threads);
     }
+    if (multi && strcmp(cfg->profiler, "xplane") == 0 && cfg->upload_all_profiler_results) {
+        /* Every rank's op summary against rank 0's peaks, so that the ranks' files compare (and
+         * the other ranks start set-up after the probes, not beside them). */
+        double peaks[2] = {peak, l.peak_gb_per_s};
+        int64_t bits[2];
+        memcpy(bits, peaks, sizeof bits);
+        comm_bcast_i64(world, bits, 2, 0);
+        memcpy(peaks, bits, sizeof peaks);
+        peak = peaks[0], l.peak_gb_per_s = peaks[1];
+    }
     /* The data source and the output files are opened before set-up, which touches every planned
      * buffer (4-14 s for qwen3-0.6b here, minutes for the larger presets): a wrong dataset_path
      * or an unwritable base_output_directory is said at once, on every rank. */

@@ -372,6 +372,11 @@ def test_reductions_overlap_backward_in_the_profile(tmp_path):
     comm = [e for e in spans if e["tid"] == comm_tid[0]]
     assert all(e["args"]["bytes_accessed"] > 0 for e in reduce)
     assert sum(e.get("args", {}).get("bytes_accessed", 0) for e in comm) == 3 * per_step
+    # Every rank's op summary reads against rank 0's peaks: the one given, and the bandwidth probed.
+    sums = [json.loads((dirs[0] / name).read_text()) for name in ("op_summary.json", "op_summary_rank1.json")]
+    assert [s["peak_gflops"] for s in sums] == [446.0, 446.0]
+    assert sums[0]["peak_gbytes_per_s"] > 0 and sums[1]["peak_gbytes_per_s"] == sums[0]["peak_gbytes_per_s"]
+    assert all(r["pct_bandwidth"] > 0 for r in sums[1]["rows"] if r["category"] == "optimizer")
 
 
 def test_only_rank0_profiles_by_default(tmp_path):
