@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Draws a profiled run's op summary (op_summary.json, written beside the profile) as an SVG bar
 chart: one bar per op kind and, indented, one per layer part, each as its share of the step
-time, labelled with ms per step, GFLOP/s and % of the device peak. Standard library only.
+time, labelled with ms per step and GFLOP/s and % of the device peak, or where a row does no
+counted arithmetic (norms, elementwise passes, the update) its GB/s and % of the memory
+bandwidth. Standard library only.
 
     python3 tools/op_summary_svg.py <op_summary.json> <out.svg> [--title TEXT] [--peak-gflops X]
 
@@ -35,7 +37,8 @@ def rows_to_draw(summary):
             continue  # a kind with one part: its bar already says it all
         rows.append({"label": r["part"] if r["part"] else r["category"], "indent": bool(r["part"]),
                      "category": r["category"], "share": r["share"], "ms": r["total_ms"] / steps,
-                     "gflops": r.get("gflops_per_s", 0.0), "pct": r.get("pct_peak", 0.0)})
+                     "gflops": r.get("gflops_per_s", 0.0), "pct": r.get("pct_peak", 0.0),
+                     "gbytes": r.get("gbytes_per_s", 0.0), "pct_bw": r.get("pct_bandwidth", 0.0)})
     return rows
 
 
@@ -44,13 +47,15 @@ def svg(summary, title):
     width = BAR_X + BAR_W + LABEL_W
     height = 70 + ROW_H * len(rows) + 30
     steps = max(summary.get("num_steps", 1), 1)
+    bandwidth = summary.get("peak_gbytes_per_s", 0.0)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="10" y="22" font-size="15" font-weight="bold">{escape(title)}</text>',
            f'<text x="10" y="42" fill="#444">steps {summary["first_step"]}..{summary["last_step"]}: '
            f'{summary["step_ms"] / steps:.1f} ms per step; bars: share of step time; '
-           f'peak {summary["peak_gflops"]:.1f} GFLOP/s</text>']
+           f'peak {summary["peak_gflops"]:.1f} GFLOP/s'
+           + (f', memory bandwidth {bandwidth:.1f} GB/s' if bandwidth > 0 else "") + '</text>']
     y = 60
     for r in rows:
         color = COLORS.get(r["category"], "#888888")
@@ -62,8 +67,14 @@ def svg(summary, title):
         out.append(f'<rect x="{BAR_X}" y="{y + 4}" width="{BAR_W}" height="{ROW_H - 6}" fill="#f2f2f2"/>')
         out.append(f'<rect x="{BAR_X}" y="{y + 4}" width="{w:.1f}" height="{ROW_H - 6}" fill="{color}" '
                    f'fill-opacity="{opacity}"/>')
-        # The optimizer's few flops (the norm's squares) make no meaningful rate: show rates of 1+ GFLOP/s.
-        rate = f'{r["gflops"]:.0f} GFLOP/s, {r["pct"]:.0f}% of peak' if r["gflops"] >= 1 else ""
+        # The optimizer's few flops (the norm's squares) make no meaningful rate: show rates of 1+
+        # GFLOP/s, and the bus's figures for the rest.
+        if r["gflops"] >= 1:
+            rate = f'{r["gflops"]:.0f} GFLOP/s, {r["pct"]:.0f}% of peak'
+        elif r["gbytes"] > 0:
+            rate = f'{r["gbytes"]:.1f} GB/s' + (f', {r["pct_bw"]:.0f}% of bandwidth' if bandwidth > 0 else "")
+        else:
+            rate = ""
         x = BAR_X + BAR_W
         out.append(f'<text x="{x + 55}" y="{y + 15}" text-anchor="end">{100 * r["share"]:.1f}%</text>')
         out.append(f'<text x="{x + 150}" y="{y + 15}" text-anchor="end">{r["ms"]:.1f} ms</text>')
