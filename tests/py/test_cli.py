@@ -561,6 +561,8 @@ def test_refuses_unknown_key(tmp_path):
     ("steps=abc", ["'abc'", "steps", "not an integer"]),
     ("learning_rate=nan", ["'nan'", "learning_rate", "not a finite number"]),
     ("learning_rate=-1", ["learning_rate", "out of range"]),
+    ("device_peak_gb_per_s=-5", ["device_peak_gb_per_s=-5", "out of range", ">= 0"]),
+    ("device_peak_gb_per_s=fast", ["'fast'", "device_peak_gb_per_s", "not a finite number"]),
     ("dtype=int8", ["'int8'", "dtype", "float32"]),
     ("adam_b1=1", ["adam_b1", "out of range", "[0, 1)"]),
     ("use_qk_norm=maybe", ["use_qk_norm", "not a bool"]),
