@@ -4,8 +4,9 @@ stepscope with override set A, then B, then A, ... for --rounds rounds, one proc
 each run profiling its last --profiled steps. Prints, round by round and as the median over
 rounds, A's time over B's (B's speed-up: above 1 means B is faster) for the profiled steps and
 for each kernel in them (the compute lane's spans from the Chrome trace, summed by name with the
-matmul shapes left off), and what the cores' FMA units delivered around each run
-(build/bench/fma_probe over --peak).
+matmul shapes left off) with A's GB/s (the spans' bytes_accessed over their time), and what the
+cores' FMA units and the memory bus delivered around each run (build/bench/fma_probe over
+--peak, build/bench/mem_probe in GB/s: a memory-bound kernel moves with the bus, not the cores).
 
 Within a round the two runs are a minute or more apart, and this VM's speed moves by a quarter
 within minutes: read the per-round ratios, and a kernel's ratio against that of kernels B does
@@ -31,8 +32,8 @@ import benchlib  # noqa: E402
 
 
 def kernel_totals(run_dir):
-    """{span name without its [MxNxK] shape: total ms} over the compute lane's leaf spans of the
-    profiled step, and the step's own ms."""
+    """({span name without its [MxNxK] shape: total ms}, {the same: total bytes}) over the compute
+    lane's leaf spans of the profiled steps, and the steps' own ms."""
     traces = sorted(Path(run_dir).glob("tensorboard/plugins/profile/*/*.trace.json.gz"))
     if not traces:
         sys.exit(f"ab_overrides: no trace under {run_dir}: did the run fail? (see its .log)")
@@ -42,34 +43,44 @@ def kernel_totals(run_dir):
     spans = [e for e in events if e.get("ph") == "X" and e["tid"] == compute]
     # The op summary's containers (profile/summary.h): the step, its phases and layers.
     containers = {"step", "phase", "layer", "other"}
-    totals = collections.defaultdict(float)
+    totals, nbytes = collections.defaultdict(float), collections.defaultdict(float)
     step_ms = 0.0
     for e in spans:
         if e["cat"] == "step":
             step_ms += e["dur"] / 1e3
         elif e["cat"] not in containers:
-            totals[e["name"].split(" [")[0]] += e["dur"] / 1e3
-    return dict(totals), step_ms
+            name = e["name"].split(" [")[0]
+            totals[name] += e["dur"] / 1e3
+            nbytes[name] += e.get("args", {}).get("bytes_accessed", 0)
+    return dict(totals), dict(nbytes), step_ms
 
 
 def run(overrides, workdir, name, args, binary):
     steps, n = args.steps, args.profiled
     prof = [f"steps={steps}", "profiler=xplane", f"skip_first_n_steps_for_profiler={steps - n}", f"profiler_steps={n}"]
-    probe0 = benchlib.fma_probe(args.threads)
+    probe0, bus0 = benchlib.machine_probes(args.threads)
     over = [*args.common, *overrides, *prof]
     # A build of another commit reads its own checkout's base.yml: this one's may name keys it
     # does not know.
     config = Path(binary).resolve().parents[1] / "configs" / "base.yml" if binary else None
     res = benchlib.run_stepscope(over, workdir, name, args.threads, benchlib.matmul_peak(over, args.peak),
                                  binary=binary, config=config if config and config.exists() else None)
-    probe1 = benchlib.fma_probe(args.threads)
+    probe1, bus1 = benchlib.machine_probes(args.threads)
     if res["rc"] != 0:
         sys.exit(f"ab_overrides: {name} failed (rc {res['rc']}):\n{benchlib.tail(res['log'])}")
-    totals, step_ms = kernel_totals(Path(workdir) / name)
+    totals, nbytes, step_ms = kernel_totals(Path(workdir) / name)
     probes = [p / args.peak for p in (probe0, probe1) if p is not None]
+    buses = [b for b in (bus0, bus1) if b is not None]
     benchlib.log(f"{name}: profiled steps {step_ms / 1e3:.2f} s, steps {[round(s, 2) for s in res['seconds']]}, "
-                 f"FMA probe/peak {' '.join(f'{p:.2f}' for p in probes)}")
-    return {"totals": totals, "step_ms": step_ms, "probes": probes, "others": res["others_cores"]}
+                 f"FMA probe/peak {' '.join(f'{p:.2f}' for p in probes)}, bus {' '.join(f'{b:.0f}' for b in buses)} GB/s")
+    return {"totals": totals, "bytes": nbytes, "step_ms": step_ms, "probes": probes, "buses": buses,
+            "others": res["others_cores"]}
+
+
+def gb_per_s(run_, name):
+    """A kernel's GB/s in one run: its bytes over its time ("" where it counts none)."""
+    ms, nbytes = run_["totals"].get(name, 0.0), run_["bytes"].get(name, 0.0)
+    return nbytes / (ms * 1e6) if ms > 0 and nbytes > 0 else None
 
 
 def main():
@@ -117,21 +128,26 @@ def main():
     rows = []
     step = [ratio(a, b, lambda x: x["step_ms"]) for a, b in rounds]
     ctrl = [ratio(a, b, control_ms) for a, b in rounds] if args.control else None
-    rows.append(["profiled steps", f"{statistics.median(x['step_ms'] for x, _ in rounds):.0f}",
+    rows.append(["profiled steps", f"{statistics.median(x['step_ms'] for x, _ in rounds):.0f}", "",
                  f"{statistics.median(step):.3f}", " ".join(f"{x:.3f}" for x in step), ""])
     if ctrl:
         rows.append(["control: " + ", ".join(args.control), f"{statistics.median(control_ms(x) for x, _ in rounds):.0f}",
-                     f"{statistics.median(ctrl):.3f}", " ".join(f"{x:.3f}" for x in ctrl), "1.000"])
+                     "", f"{statistics.median(ctrl):.3f}", " ".join(f"{x:.3f}" for x in ctrl), "1.000"])
     for n in names:
         rs = [ratio(a, b, lambda x, n=n: x["totals"].get(n, 0.0)) for a, b in rounds]
         norm = f"{statistics.median(r / c for r, c in zip(rs, ctrl)):.3f}" if ctrl else ""
+        gbs = [g for g in (gb_per_s(a, n) for a, _ in rounds) if g is not None]
         rows.append([n, f"{statistics.median(x['totals'].get(n, 0.0) for x, _ in rounds):.0f}",
+                     f"{statistics.median(gbs):.1f}" if gbs else "-",
                      f"{statistics.median(rs):.3f}", " ".join(f"{x:.3f}" for x in rs), norm])
-    headers = ["span", "A ms (median)", "A/B (median)", "A/B per round", "over control (median)" if ctrl else ""]
+    headers = ["span", "A ms (median)", "A GB/s (median)", "A/B (median)", "A/B per round",
+               "over control (median)" if ctrl else ""]
     print(benchlib.table(headers, rows))
     probes = [x["probes"] for pair in rounds for x in pair]
     print("FMA probe/peak around each run (A0 B0 A1 B1 ...): " +
           " | ".join(" ".join(f"{p:.2f}" for p in ps) for ps in probes))
+    print("memory bus GB/s around each run (build/bench/mem_probe; A0 B0 A1 B1 ...): " +
+          " | ".join(" ".join(f"{b:.0f}" for b in x["buses"]) for pair in rounds for x in pair))
     print("others' CPU (cores) per run: " + " ".join(f"{x['others']:.2f}" for pair in rounds for x in pair))
 
 

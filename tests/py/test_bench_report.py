@@ -70,3 +70,39 @@ def test_markdown_table_carries_the_printed_figures(capsys):
     # theirs: median of 9.0 and 9.5 over ours 4.75; rounds 0 and 2 only
     assert torch.startswith("| torch eager autocast | bf16 | 9.000, -, 9.500 s | 9.250 s |")
     assert torch.endswith("| **1.95×**; 2.00, 2.00 |")
+
+
+def test_ab_overrides_sums_kernels_time_and_bytes(tmp_path):
+    """bench/ab_overrides.py's per-kernel totals from a made-up profile: the compute lane's leaf
+    spans summed by name with the matmul shape left off, their bytes beside them, the containers
+    and the data lane left out; a kernel's GB/s is its bytes over its time."""
+    import gzip
+    import json
+    import ab_overrides
+    prof = tmp_path / "run" / "tensorboard" / "plugins" / "profile" / "t"
+    prof.mkdir(parents=True)
+    events = [
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "compute (step thread)"}},
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 2, "args": {"name": "data"}},
+        {"name": "train", "cat": "step", "ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 10000, "args": {"step_num": 1}},
+        {"name": "layer 0 fwd", "cat": "layer", "ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 5000},
+        {"name": "matmul qkv_proj fwd [8x16x4]", "cat": "matmul", "ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 2000,
+         "args": {"flops": 1024, "bytes_accessed": 4e6}},
+        {"name": "matmul qkv_proj fwd [8x16x4]", "cat": "matmul", "ph": "X", "pid": 1, "tid": 1, "ts": 3000,
+         "dur": 2000, "args": {"flops": 1024, "bytes_accessed": 4e6}},
+        {"name": "rmsnorm fwd", "cat": "norm", "ph": "X", "pid": 1, "tid": 1, "ts": 6000, "dur": 500,
+         "args": {"bytes_accessed": 2.5e7}},
+        {"name": "data wait", "cat": "data", "ph": "X", "pid": 1, "tid": 1, "ts": 7000, "dur": 100},
+        {"name": "next_batch", "cat": "data", "ph": "X", "pid": 1, "tid": 2, "ts": 0, "dur": 9000},
+    ]
+    with gzip.open(prof / "h.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    totals, nbytes, step_ms = ab_overrides.kernel_totals(tmp_path / "run")
+    assert step_ms == 10.0
+    assert totals == {"matmul qkv_proj fwd": 4.0, "rmsnorm fwd": 0.5, "data wait": 0.1}
+    assert nbytes == {"matmul qkv_proj fwd": 8e6, "rmsnorm fwd": 2.5e7, "data wait": 0}
+    run = {"totals": totals, "bytes": nbytes}
+    assert ab_overrides.gb_per_s(run, "rmsnorm fwd") == 50.0     # 25 MB in 0.5 ms
+    assert ab_overrides.gb_per_s(run, "matmul qkv_proj fwd") == 2.0
+    assert ab_overrides.gb_per_s(run, "data wait") is None
+    assert ab_overrides.gb_per_s(run, "absent") is None
