@@ -445,6 +445,22 @@ static void test_chrome_trace(void **state) {
                                  "\"pid\":1,\"tid\":1,\"ts\":0.500,\"dur\":1.250,\"args\":{\"flops\":2000000}}"));
     assert_non_null(strstr(json, "\"ts\":2.000,\"dur\":0.500,\"args\":{\"flops\":4000000,\"bytes_accessed\":1500000}}"));
     assert_non_null(strstr(json, "\"ts\":3.000,\"dur\":0.500,\"args\":{\"bytes_accessed\":64}}"));
+    /* The compute lane's rates as two counter tracks: each kernel's from its start, 0 after it. */
+    static const char *const samples_expected[][3] = {
+        {"GFLOP/s", "0.500", "1600"}, {"GB/s", "0.500", "0"},    {"GFLOP/s", "1.750", "0"},
+        {"GFLOP/s", "2.000", "8000"}, {"GB/s", "2.000", "3000"}, {"GB/s", "3.000", "0.128"},
+        {"GB/s", "3.500", "0"},
+    };
+    for (size_t i = 0; i < sizeof samples_expected / sizeof samples_expected[0]; i++) {
+        const char *const *x = samples_expected[i];
+        char want[160];
+        snprintf(want, sizeof want, "{\"name\":\"compute lane %s\",\"ph\":\"C\",\"pid\":1,\"ts\":%s,\"args\":{\"%s\":%s}}",
+                 x[0], x[1], x[0], x[2]);
+        assert_non_null(strstr(json, want));
+    }
+    size_t samples = 0;
+    for (const char *p = json; (p = strstr(p, "\"ph\":\"C\"")); p++) samples++;
+    assert_int_equal(samples, 2 * 6);   /* three kernels with a rate, each a start and an end, on two tracks */
     assert_non_null(strstr(json, "\"tid\":2,\"ts\":0.200,\"dur\":0.001}"));
     char *tail = strstr(json, "],\"displayTimeUnit\":\"ns\"");
     assert_non_null(tail);

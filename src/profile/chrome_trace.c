@@ -125,6 +125,36 @@ static void write_event(jw_t *w, const trace_lane_t *L, const trace_event_t *e) 
     jw_puts(w, "}", 1);
 }
 
+/* One counter sample: the achieved rate of the kernel running from ts on (0 between kernels). */
+static void write_rates(jw_t *w, int64_t ns, double gflops, double gbytes) {
+    static const char *const names[2] = {"compute lane GFLOP/s", "compute lane GB/s"};
+    const double values[2] = {gflops, gbytes};
+    for (int c = 0; c < 2; c++) {
+        jw_printf(w, ",\n{\"name\":\"%s\",\"ph\":\"C\",\"pid\":1,\"ts\":", names[c]);
+        jw_us(w, ns - w->base_ns);
+        jw_printf(w, ",\"args\":{\"%s\":%.6g}}", names[c] + strlen("compute lane "), values[c]);
+    }
+}
+
+/* Two counter tracks over the compute lane's kernels (the op summary's lane and spans): each
+ * kernel's GFLOP/s and GB/s while it runs, 0 between kernels, so Perfetto draws where the step
+ * is near the cores' limit and where near the bus's. False on OOM. */
+static bool write_rate_counters(jw_t *w) {
+    size_t n, rated = 0;
+    const trace_event_t **ev = trace_outermost_kernels(w->t, trace_compute_lane(w->t), &n);
+    if (!ev) return false;
+    for (size_t i = 0; i < n; i++) /* the spans with a rate: a data wait has none */
+        if (ev[i]->end_ns > ev[i]->start_ns && (ev[i]->flops > 0 || ev[i]->bytes > 0)) ev[rated++] = ev[i];
+    for (size_t i = 0; i < rated; i++) {
+        const trace_event_t *e = ev[i];
+        double ns = (double)(e->end_ns - e->start_ns);
+        write_rates(w, e->start_ns, e->flops / ns, e->bytes / ns);   /* per ns: GFLOP/s, GB/s */
+        if (i + 1 == rated || ev[i + 1]->start_ns > e->end_ns) write_rates(w, e->end_ns, 0.0, 0.0);
+    }
+    free(ev);
+    return true;
+}
+
 static int64_t earliest_start(const trace_t *t) {
     int64_t base = INT64_MAX;
     for (size_t l = 0; l < t->num_lanes; l++)
@@ -150,6 +180,10 @@ static int write_gz(FILE *f, void *ctx, char *err, size_t errlen) {
         const trace_lane_t *L = &w->t->lanes[l];
         for (size_t i = 0, n = trace_lane_count(L); i < n; i++)
             if (L->events[i].name_id < w->t->num_names) write_event(w, L, &L->events[i]);
+    }
+    if (!write_rate_counters(w) && !w->failed) {
+        snprintf(err, errlen, "chrome trace: out of memory");
+        w->failed = true;
     }
     size_t dropped = 0;
     for (size_t l = 0; l < w->t->num_lanes; l++) dropped += w->t->lanes[l].dropped;

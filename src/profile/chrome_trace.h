@@ -4,7 +4,10 @@
  * thread_name metadata events; every span a complete event ("ph":"X") with ts and dur in
  * microseconds, 3 decimals, relative to the earliest event (small numbers keep ns precision
  * in a JSON double); pid 1, tid = the lane's tid; root steps carry "args":{"step_num":N},
- * spans with flops or bytes "args":{"flops":F,"bytes_accessed":B} (each only when > 0);
+ * spans with flops or bytes "args":{"flops":F,"bytes_accessed":B} (each only when > 0); two
+ * counter tracks, "compute lane GFLOP/s" and "compute lane GB/s" ("ph":"C"), give each
+ * outermost kernel span's rate on the compute lane from its start, and 0 from its end where no
+ * kernel follows at once;
  * displayTimeUnit comes after the array so no Perfetto version reads it as the unit of ts. The
  * gzip stream is one member (catapult chokes on concatenated ones) and the file is written
  * atomically. */

@@ -17,8 +17,6 @@ typedef struct {
     double flops, bytes;
 } acc_t;
 
-static bool is_leaf(trace_category_t c) { return c >= TRACE_CAT_MATMUL && c <= TRACE_CAT_DATA; }
-
 static int cmp_step_num(const void *pa, const void *pb) {
     const step_span_t *a = pa, *b = pb;
     if (a->num != b->num) return a->num < b->num ? -1 : 1;
@@ -54,22 +52,6 @@ static step_span_t *collect_steps(const trace_t *t, int64_t first, int64_t last,
     return s;
 }
 
-static size_t master_lane(const trace_t *t) {
-    for (size_t l = 0; l < t->num_lanes; l++)
-        if (strncmp(t->lanes[l].name, "compute", 7) == 0) return l;
-    return 0;
-}
-
-/* Start ascending, longer first: an enclosing span is seen before what it contains. */
-static int cmp_event(const void *pa, const void *pb) {
-    const trace_event_t *a = *(const trace_event_t *const *)pa;
-    const trace_event_t *b = *(const trace_event_t *const *)pb;
-    if (a->start_ns != b->start_ns) return a->start_ns < b->start_ns ? -1 : 1;
-    int64_t da = a->end_ns - a->start_ns, db = b->end_ns - b->start_ns;
-    if (da != db) return da > db ? -1 : 1;
-    return a < b ? -1 : (a > b);
-}
-
 static void add(acc_t *a, const trace_event_t *e) {
     a->calls++;
     a->ns += e->end_ns - e->start_ns;
@@ -95,30 +77,21 @@ typedef struct {
     size_t num_rated;
 } tally_t;
 
-/* Walk the master lane in time order and add each counted leaf span to its rows (and, with
- * flops, to ty->rated, which the caller frees). */
-static int tally_lane(const trace_t *t, const trace_lane_t *L, const step_span_t *steps,
-                      size_t num_steps, tally_t *ty) {
-    size_t published = trace_lane_count(L);
-    const trace_event_t **ev = malloc((published ? published : 1) * sizeof *ev);
-    ty->rated = malloc((published ? published : 1) * sizeof *ty->rated);
+/* Walk the master lane's outermost kernel spans in time order and add each inside a selected
+ * step to its rows (and, with flops, to ty->rated, which the caller frees). */
+static int tally_lane(const trace_t *t, size_t lane, const step_span_t *steps, size_t num_steps, tally_t *ty) {
+    size_t n;
+    const trace_event_t **ev = trace_outermost_kernels(t, lane, &n);
+    ty->rated = malloc((n ? n : 1) * sizeof *ty->rated);
     if (!ev || !ty->rated) {
         free(ev);
         return -1;
     }
-    size_t n = 0;
-    for (size_t i = 0; i < published; i++)
-        if (L->events[i].name_id < t->num_names && is_leaf(t->names[L->events[i].name_id].category))
-            ev[n++] = &L->events[i];
-    qsort(ev, n, sizeof *ev, cmp_event);
     size_t k = 0;
-    int64_t open_end = INT64_MIN;   /* end of the outermost leaf span being inside */
     for (size_t i = 0; i < n; i++) {
         const trace_event_t *e = ev[i];
-        if (e->start_ns < open_end) continue;        /* nested in a counted leaf span */
         while (k < num_steps && steps[k].end <= e->start_ns) k++;
         if (k == num_steps || e->start_ns < steps[k].start) continue;  /* outside the steps */
-        open_end = e->end_ns;
         const trace_name_t *nm = &t->names[e->name_id];
         add(&ty->cats[nm->category], e);
         if (nm->part) add(part_acc(ty->parts, &ty->num_parts, nm->category, nm->part), e);
@@ -230,9 +203,9 @@ int summary_compute(const trace_t *t, int64_t first_step, int64_t last_step, dou
         if (steps[i].num > out->last_step) out->last_step = steps[i].num;
     }
     if (rc == 0 && t->num_lanes > 0) {
-        size_t m = master_lane(t);
+        size_t m = trace_compute_lane(t);
         snprintf(out->lane, sizeof out->lane, "%s", t->lanes[m].name);
-        rc = tally_lane(t, &t->lanes[m], steps, num_steps, &ty);
+        rc = tally_lane(t, m, steps, num_steps, &ty);
     }
     if (rc == 0) {
         out->num_steps = (int64_t)num_steps;

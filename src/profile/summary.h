@@ -11,7 +11,7 @@
  *    parallel, so adding them would count wall time several times.
  *  - Only leaf categories count: MATMUL, ATTENTION, NORM, ROPE, SWIGLU, XENT, EMBED,
  *    OPTIMIZER, ELEMENTWISE, COMM, DATA. STEP, PHASE, LAYER and OTHER are containers.
- *  - A leaf span nested inside another counted leaf span is skipped (time, calls and flops):
+ *  - A leaf span nested inside another leaf span is skipped (time, calls, flops and bytes):
  *    the outermost leaf span owns its interval.
  *  - A span belongs to the step whose interval contains its start; spans outside the
  *    selected steps are ignored.

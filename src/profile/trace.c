@@ -151,3 +151,42 @@ bool trace_is_root_step(const trace_t *t, const trace_event_t *e) {
     return e->name_id < t->num_names && t->names[e->name_id].category == TRACE_CAT_STEP &&
            e->step_num >= 0;
 }
+
+bool trace_is_kernel_category(trace_category_t c) { return c >= TRACE_CAT_MATMUL && c <= TRACE_CAT_DATA; }
+
+size_t trace_compute_lane(const trace_t *t) {
+    for (size_t l = 0; l < t->num_lanes; l++)
+        if (strncmp(t->lanes[l].name, "compute", 7) == 0) return l;
+    return 0;
+}
+
+int trace_cmp_start_longer_first(const void *pa, const void *pb) {
+    const trace_event_t *a = *(const trace_event_t *const *)pa;
+    const trace_event_t *b = *(const trace_event_t *const *)pb;
+    if (a->start_ns != b->start_ns) return a->start_ns < b->start_ns ? -1 : 1;
+    int64_t da = a->end_ns - a->start_ns, db = b->end_ns - b->start_ns;
+    if (da != db) return da > db ? -1 : 1;
+    return a < b ? -1 : (a > b);
+}
+
+const trace_event_t **trace_outermost_kernels(const trace_t *t, size_t lane, size_t *n) {
+    *n = 0;
+    const trace_lane_t *L = lane < t->num_lanes ? &t->lanes[lane] : NULL;
+    size_t published = L ? trace_lane_count(L) : 0;
+    const trace_event_t **ev = malloc((published ? published : 1) * sizeof *ev);
+    if (!ev) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < published; i++)
+        if (L->events[i].name_id < t->num_names && trace_is_kernel_category(t->names[L->events[i].name_id].category))
+            ev[k++] = &L->events[i];
+    qsort(ev, k, sizeof *ev, trace_cmp_start_longer_first);
+    size_t kept = 0;
+    int64_t open_end = INT64_MIN; /* end of the outermost kernel span being inside */
+    for (size_t i = 0; i < k; i++) {
+        if (ev[i]->start_ns < open_end) continue;
+        open_end = ev[i]->end_ns;
+        ev[kept++] = ev[i];
+    }
+    *n = kept;
+    return ev;
+}

@@ -109,4 +109,17 @@ const char *trace_category_name(trace_category_t c);
 /* True for a root step span: category TRACE_CAT_STEP and step_num >= 0. */
 bool trace_is_root_step(const trace_t *t, const trace_event_t *e);
 
+/* Kernel categories (MATMUL ... DATA): the leaves the op summary counts. STEP, PHASE, LAYER and
+ * OTHER are containers. */
+bool trace_is_kernel_category(trace_category_t c);
+/* The lane kernels are counted on: the first whose name starts with "compute" (worker lanes run
+ * the same kernels in parallel), lane 0 if none does. */
+size_t trace_compute_lane(const trace_t *t);
+/* qsort order of trace_event_t pointers: start ascending, then longer first (an enclosing span
+ * before what it contains), then recording order. */
+int trace_cmp_start_longer_first(const void *pa, const void *pb);
+/* The lane's kernel spans that no other kernel span of the lane contains, in start order
+ * (malloc'd, *n of them; the caller frees). NULL on OOM. */
+const trace_event_t **trace_outermost_kernels(const trace_t *t, size_t lane, size_t *n);
+
 #endif

@@ -40,15 +40,6 @@ static bool step_window(const trace_t *t, int64_t first, int64_t last, int64_t *
     return found;
 }
 
-/* Begin ascending, then duration descending (XEventsComparator), then recording order. */
-static int cmp_event(const void *pa, const void *pb) {
-    const trace_event_t *a = *(const trace_event_t *const *)pa;
-    const trace_event_t *b = *(const trace_event_t *const *)pb;
-    if (a->start_ns != b->start_ns) return a->start_ns < b->start_ns ? -1 : 1;
-    int64_t da = a->end_ns - a->start_ns, db = b->end_ns - b->start_ns;
-    if (da != db) return da > db ? -1 : 1;
-    return a < b ? -1 : (a > b);
-}
 
 static void view_free(xplane_view_t *v) {
     if (v->events)
@@ -76,7 +67,8 @@ static bool collect_lane(xplane_view_t *v, size_t l, bool windowed, int64_t lo, 
         if (e->flops > 0 && !trace_is_root_step(v->t, e)) v->any_flops = true;
         if (e->bytes > 0 && !trace_is_root_step(v->t, e)) v->any_bytes = true;
     }
-    qsort(v->events[l], n, sizeof *v->events[l], cmp_event);
+    /* begin ascending, then duration descending: XProf's XEventsComparator */
+    qsort(v->events[l], n, sizeof *v->events[l], trace_cmp_start_longer_first);
     v->counts[l] = n;
     return true;
 }

@@ -1117,6 +1117,10 @@ def test_profile_counts_each_kernels_bytes(tmp_path, dtype, weights, per_param):
     assert attn == {"flash_attention fwd": 4 * (2 * q + 2 * kv + 4 * T), "flash_attention bwd": 4 * (4 * q + 4 * kv + 4 * T)}
     norms = {e["args"]["bytes_accessed"] for e in kernels if e["name"] == "rmsnorm fwd"}
     assert norms == {T * 64 * (4 + a) + (64 + T) * 4}, norms
+    # the compute lane's GB/s counter track: each kernel's bytes over its time, from its start
+    gbs = {c["ts"]: c["args"]["GB/s"] for c in events if c["ph"] == "C" and c["name"] == "compute lane GB/s"}
+    for e in kernels:
+        assert gbs[e["ts"]] == pytest.approx(e["args"]["bytes_accessed"] / (e["dur"] * 1e3), rel=1e-5, abs=1e-6), e
     update = [e for e in kernels if e["name"] == "adamw_update"]
     assert [e["args"]["bytes_accessed"] for e in update] == [per_param * n]
     norm = [e["args"]["bytes_accessed"] for e in kernels if e["name"] == "grad_norm"]

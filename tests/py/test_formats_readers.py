@@ -196,6 +196,12 @@ def test_chrome_trace_json(sample):
     assert [ev["args"]["step_num"] for ev in sorted(steps, key=lambda e: e["ts"])] == STEPS
     assert all(ev["tid"] == 4101 for ev in steps)
     assert any("flops" in ev.get("args", {}) for ev in spans)
+    # the compute lane's rates: two counter tracks of one series each, never negative
+    counters = [ev for ev in events if ev["ph"] == "C"]
+    assert {ev["name"] for ev in counters} == {"compute lane GFLOP/s", "compute lane GB/s"}
+    assert all(ev["pid"] == 1 and ev["ts"] >= 0 and len(ev["args"]) == 1 and min(ev["args"].values()) >= 0
+               for ev in counters)
+    assert max(ev["args"]["GFLOP/s"] for ev in counters if ev["name"] == "compute lane GFLOP/s") > 0
 
 
 # ---- (4) TensorBoard event file ---------------------------------------------------------------
