@@ -355,8 +355,9 @@ static void test_xplane_window_and_flops(void **state) {
     assert_non_null(memmem(one.data, one.len, "flops", 5));
     /* uint64 1e9 = varint 80 94 eb dc 03, tagged 0x18. */
     assert_non_null(memmem(one.data, one.len, "\x18\x80\x94\xeb\xdc\x03", 6));
-    /* No span carries bytes: no bytes_accessed metadata. */
+    /* No span carries bytes: no bytes_accessed metadata. The matmuls' FLOP/s make counters. */
     assert_null(memmem(all.data, all.len, "bytes_accessed", 14));
+    assert_non_null(memmem(all.data, all.len, "_counters_", 10));
     pb_free(&all);
     pb_free(&one);
     trace_destroy(t);
@@ -383,6 +384,11 @@ static void test_xplane_bytes_accessed(void **state) {
     /* the norm's one stat: {metadata_id 4, uint64 1e9}, the event's last field */
     assert_non_null(memmem(b.data, b.len, "\x22\x08\x08\x04\x18\x80\x94\xeb\xdc\x03", 10));
     assert_null(memmem(b.data, b.len, "\x22\x08\x08\x03\x18\x80\x94\xeb\xdc\x03\x22\x08", 12));
+    /* The rate counters on a line XProf's viewer reads as counters: the norm's 1e9 bytes in 1 us
+     * are a GB/s sample of 1e6, a double stat (field 2, fixed64) of the "GB/s" series (id 6). */
+    assert_non_null(memmem(b.data, b.len, "_counters_", 10));
+    assert_non_null(memmem(b.data, b.len, "compute lane GB/s", 17));
+    assert_non_null(memmem(b.data, b.len, "\x08\x06\x11\x00\x00\x00\x00\x80\x84\x2e\x41", 11));
     pb_free(&b);
     trace_destroy(t);
 }

@@ -5,7 +5,10 @@
  * start, then longer first, so parents precede children; offsets and durations in ps. Root
  * step spans carry stats _r = 1 and step_num = N (int64, which XProf's IntValue needs), so
  * XProf shows them as steps "train N"; other spans with flops > 0 carry "flops" (uint64) and
- * with bytes > 0 "bytes_accessed" (uint64), XProf's cost-model stats.
+ * with bytes > 0 "bytes_accessed" (uint64), XProf's cost-model stats. Where the compute lane's
+ * kernels have rates, a last line "_counters_" (id INT64_MAX) holds the two rate counters of
+ * chrome_trace.h, one zero-length event a sample with a double stat "GFLOP/s" or "GB/s", which
+ * XProf's trace viewer draws as counter tracks.
  * Fields are written in field-number order and map entries by key, so the bytes equal
  * protobuf's deterministic serialization. */
 #ifndef STEPSCOPE_XPLANE_H

@@ -1067,6 +1067,12 @@ def test_profile_files(tmp_path):
     # the kernels' bytes reach its trace viewer as an arg (flops it hides: IsInternalStat)
     matmuls = [ev for ev in trace["traceEvents"] if str(ev.get("name", "")).startswith("matmul ")]
     assert matmuls and all(int(ev["args"]["bytes_accessed"]) > 0 for ev in matmuls)
+    # and its current viewer (the tool the UI lists, "trace_viewer@") draws the "_counters_" line
+    # as the two rate tracks, a sample at each kernel's start and end
+    data, _ = raw_to_tool_data.xspace_to_tool_data([path], "trace_viewer@", {})
+    tracks = {ev["name"]: ev["entries"] for ev in json.loads(data)["traceEvents"] if ev.get("ph") == "C"}
+    assert set(tracks) == {"compute lane GFLOP/s", "compute lane GB/s"}
+    assert len(tracks["compute lane GB/s"]) >= len(matmuls) and max(v for _, v in tracks["compute lane GFLOP/s"]) > 0
 
 
 KERNEL_CATS = {"matmul", "attention", "norm", "rope", "swiglu", "xent", "embed", "optimizer", "elementwise"}

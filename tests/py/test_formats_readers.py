@@ -128,10 +128,10 @@ def test_protoc_structure(xspace):
     assert xspace["hostnames"] == ["testhost"]
     (plane,) = xspace["planes"]
     assert one(plane, "id", 0) == 0 and one(plane, "name") == "/host:CPU"
-    lines = plane["lines"]
+    lines, counters = plane["lines"][:-1], plane["lines"][-1]
     assert [one(l, "name") for l in lines] == ["compute0", "compute1", "data_loader"]
     assert [one(l, "id") for l in lines] == [4101, 4102, 4103]
-    assert all(one(l, "timestamp_ns") == EPOCH_NS for l in lines)
+    assert all(one(l, "timestamp_ns") == EPOCH_NS for l in plane["lines"])
 
     emeta = {e["key"][0]: e["value"][0] for e in plane["event_metadata"]}
     smeta = {e["key"][0]: e["value"][0] for e in plane["stat_metadata"]}
@@ -163,6 +163,17 @@ def test_protoc_structure(xspace):
         elif "flops" in stats:
             assert one(stats["flops"], "uint64_value") > 0
     assert steps == STEPS
+
+    # the compute lane's rate counters, last: XProf's "_counters_" line (TSL's id for it), one
+    # zero-length event a sample and counter, its one stat a non-negative double of its series
+    assert one(counters, "name") == "_counters_" and one(counters, "id") == 2**63 - 1
+    series = {"compute lane GFLOP/s": "GFLOP/s", "compute lane GB/s": "GB/s"}
+    for e in counters["events"]:
+        assert "duration_ps" not in e and len(e["stats"]) == 1
+        (st,) = e["stats"]
+        assert smeta[one(st, "metadata_id")]["name"] == [series[one(emeta[one(e, "metadata_id")], "name")]]
+        assert one(st, "double_value") >= 0
+    assert any(one(e["stats"][0], "double_value") > 0 for e in counters["events"])
 
 
 # ---- (3) Chrome trace JSON --------------------------------------------------------------------
