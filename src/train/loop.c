@@ -375,7 +375,7 @@ static double resolve_bandwidth(const config_t *cfg, int threads) {
     /* The probe's 768 MiB would be the peak RSS of a run whose plan is smaller: it runs only where
      * the peak can be reset after it. */
     if (!memstat_reset_peak()) {
-        printf("memory bandwidth: not measured (this kernel would not reset the peak RSS after the probe's 3 x 256 MiB); "
+        printf("memory bandwidth: not measured (Linux here would not reset the peak RSS after the probe's 3 x 256 MiB); "
                "the op summary gives GB/s only; set device_peak_gb_per_s for its %% of bandwidth\n");
         return 0.0;
     }

@@ -168,7 +168,8 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     loss /= (double)micros;
     if (s->zero) zero_finish_grads(s->zero);
     int64_t opt_span = trace_begin(s->trace);
-    int64_t t0 = trace_begin(s->trace), norm_reads = s->zero ? n : qwen3_grad_sum_squares_reads(s->model);
+    int64_t t0 = trace_begin(s->trace);
+    const int64_t norm_reads = !t0 ? 0 : s->zero ? n : qwen3_grad_sum_squares_reads(s->model); /* for the span */
     double sums[2] = {s->zero ? adamw_sum_squares(s->grad_shard, n, s->norm_partials)
                               : qwen3_grad_sum_squares(s->model, s->norm_partials),
                       loss};
