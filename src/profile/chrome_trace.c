@@ -125,33 +125,20 @@ static void write_event(jw_t *w, const trace_lane_t *L, const trace_event_t *e) 
     jw_puts(w, "}", 1);
 }
 
-/* One counter sample: the achieved rate of the kernel running from ts on (0 between kernels). */
-static void write_rates(jw_t *w, int64_t ns, double gflops, double gbytes) {
-    static const char *const names[2] = {"compute lane GFLOP/s", "compute lane GB/s"};
-    const double values[2] = {gflops, gbytes};
-    for (int c = 0; c < 2; c++) {
-        jw_printf(w, ",\n{\"name\":\"%s\",\"ph\":\"C\",\"pid\":1,\"ts\":", names[c]);
-        jw_us(w, ns - w->base_ns);
-        jw_printf(w, ",\"args\":{\"%s\":%.6g}}", names[c] + strlen("compute lane "), values[c]);
-    }
-}
-
-/* Two counter tracks over the compute lane's kernels (the op summary's lane and spans): each
- * kernel's GFLOP/s and GB/s while it runs, 0 between kernels, so Perfetto draws where the step
- * is near the cores' limit and where near the bus's. False on OOM. */
+/* Two counter tracks over the compute lane's kernels (trace_rate_samples): each kernel's GFLOP/s
+ * and GB/s while it runs, 0 between kernels, so Perfetto draws where the step is near the cores'
+ * limit and where near the bus's. False on OOM. */
 static bool write_rate_counters(jw_t *w) {
-    size_t n, rated = 0;
-    const trace_event_t **ev = trace_outermost_kernels(w->t, trace_compute_lane(w->t), &n);
-    if (!ev) return false;
-    for (size_t i = 0; i < n; i++) /* the spans with a rate: a data wait has none */
-        if (ev[i]->end_ns > ev[i]->start_ns && (ev[i]->flops > 0 || ev[i]->bytes > 0)) ev[rated++] = ev[i];
-    for (size_t i = 0; i < rated; i++) {
-        const trace_event_t *e = ev[i];
-        double ns = (double)(e->end_ns - e->start_ns);
-        write_rates(w, e->start_ns, e->flops / ns, e->bytes / ns);   /* per ns: GFLOP/s, GB/s */
-        if (i + 1 == rated || ev[i + 1]->start_ns > e->end_ns) write_rates(w, e->end_ns, 0.0, 0.0);
-    }
-    free(ev);
+    size_t n;
+    trace_rate_sample_t *samples = trace_rate_samples(w->t, false, 0, 0, &n);
+    if (!samples) return false;
+    for (size_t i = 0; i < n; i++)
+        for (int c = 0; c < TRACE_RATE_COUNT; c++) {
+            jw_printf(w, ",\n{\"name\":\"%s\",\"ph\":\"C\",\"pid\":1,\"ts\":", TRACE_RATE_COUNTERS[c]);
+            jw_us(w, samples[i].ns - w->base_ns);
+            jw_printf(w, ",\"args\":{\"%s\":%.6g}}", TRACE_RATE_SERIES[c], samples[i].value[c]);
+        }
+    free(samples);
     return true;
 }
 

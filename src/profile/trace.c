@@ -190,3 +190,31 @@ const trace_event_t **trace_outermost_kernels(const trace_t *t, size_t lane, siz
     *n = kept;
     return ev;
 }
+
+const char *const TRACE_RATE_COUNTERS[TRACE_RATE_COUNT] = {"compute lane GFLOP/s", "compute lane GB/s"};
+const char *const TRACE_RATE_SERIES[TRACE_RATE_COUNT] = {"GFLOP/s", "GB/s"};
+
+trace_rate_sample_t *trace_rate_samples(const trace_t *t, bool windowed, int64_t lo, int64_t hi, size_t *n) {
+    size_t k, rated = 0;
+    *n = 0;
+    const trace_event_t **ev = trace_outermost_kernels(t, trace_compute_lane(t), &k);
+    trace_rate_sample_t *out = malloc((2 * k + 1) * sizeof *out);
+    if (!ev || !out) {
+        free(ev);
+        free(out);
+        return NULL;
+    }
+    for (size_t i = 0; i < k; i++) { /* the spans with a rate (a data wait has none) in the window */
+        const trace_event_t *e = ev[i];
+        if (windowed && (e->end_ns < lo || e->start_ns > hi)) continue;
+        if (e->end_ns > e->start_ns && (e->flops > 0 || e->bytes > 0)) ev[rated++] = e;
+    }
+    for (size_t i = 0; i < rated; i++) {
+        const trace_event_t *e = ev[i];
+        double ns = (double)(e->end_ns - e->start_ns);
+        out[(*n)++] = (trace_rate_sample_t){e->start_ns, {e->flops / ns, e->bytes / ns}}; /* per ns: GFLOP/s, GB/s */
+        if (i + 1 == rated || ev[i + 1]->start_ns > e->end_ns) out[(*n)++] = (trace_rate_sample_t){e->end_ns, {0, 0}};
+    }
+    free(ev);
+    return out;
+}

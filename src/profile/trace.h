@@ -122,4 +122,19 @@ int trace_cmp_start_longer_first(const void *pa, const void *pb);
  * (malloc'd, *n of them; the caller frees). NULL on OOM. */
 const trace_event_t **trace_outermost_kernels(const trace_t *t, size_t lane, size_t *n);
 
+/* The compute lane's rate counters, which the Chrome trace and the XPlane both carry: per
+ * outermost kernel span with flops or bytes, its GFLOP/s and GB/s from its start, and 0 from its
+ * end unless the next such span starts there. value[c] is the counter TRACE_RATE_COUNTERS[c]'s;
+ * TRACE_RATE_SERIES[c] names its one series. */
+enum { TRACE_RATE_GFLOPS, TRACE_RATE_GBS, TRACE_RATE_COUNT };
+extern const char *const TRACE_RATE_COUNTERS[TRACE_RATE_COUNT]; /* "compute lane GFLOP/s", ... */
+extern const char *const TRACE_RATE_SERIES[TRACE_RATE_COUNT];   /* "GFLOP/s", "GB/s" */
+typedef struct trace_rate_sample {
+    int64_t ns;
+    double value[TRACE_RATE_COUNT];
+} trace_rate_sample_t;
+/* The samples in time order (malloc'd, *n of them; the caller frees), of the spans that overlap
+ * [lo, hi] where windowed, of all otherwise. NULL on OOM. */
+trace_rate_sample_t *trace_rate_samples(const trace_t *t, bool windowed, int64_t lo, int64_t hi, size_t *n);
+
 #endif

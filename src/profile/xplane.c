@@ -9,14 +9,9 @@
 
 enum { STAT_R = 1, STAT_STEP_NUM = 2, STAT_FLOPS = 3, STAT_BYTES_ACCESSED = 4, STAT_GFLOPS = 5, STAT_GBS = 6 };
 
-/* The compute lane's rate counters (chrome_trace.h has the same two tracks): XProf's trace viewer
- * reads the events of a line named "_counters_" as counter samples, each event's metadata the
- * counter and its stat the value. */
-static const char *const COUNTER_NAMES[2] = {"compute lane GFLOP/s", "compute lane GB/s"};
-typedef struct {
-    int64_t ns;
-    double value[2]; /* GFLOP/s, GB/s */
-} rate_sample_t;
+/* The compute lane's rate counters (trace_rate_samples, as the Chrome trace carries them): XProf's
+ * trace viewer reads the events of a line named "_counters_" as counter samples, each event's
+ * metadata the counter and its stat the value. */
 
 /* What to write, gathered once so the encoder only walks sorted arrays. */
 typedef struct {
@@ -28,7 +23,7 @@ typedef struct {
     uint32_t *meta_id;              /* per name id: event-metadata id, 0 if unused */
     int64_t base_mono_ns;           /* start of the earliest kept event */
     bool any_flops, any_bytes;
-    rate_sample_t *samples;         /* the counters' samples, in time order */
+    trace_rate_sample_t *samples;   /* the counters' samples, in time order */
     size_t num_samples;
     uint32_t counter_meta_id;       /* the first of the two counters' event-metadata ids */
 } xplane_view_t;
@@ -61,31 +56,6 @@ static void view_free(xplane_view_t *v) {
     free(v->lane_order);
     free(v->meta_id);
     free(v->samples);
-}
-
-/* Each outermost kernel span with a rate on the compute lane, inside the window: its rates from
- * its start, and 0 from its end unless the next such span starts there. */
-static bool collect_samples(xplane_view_t *v, bool windowed, int64_t lo, int64_t hi) {
-    size_t n, rated = 0;
-    const trace_event_t **ev = trace_outermost_kernels(v->t, trace_compute_lane(v->t), &n);
-    v->samples = malloc((2 * n + 1) * sizeof *v->samples);
-    if (!ev || !v->samples) {
-        free(ev);
-        return false;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const trace_event_t *e = ev[i];
-        if (windowed && (e->end_ns < lo || e->start_ns > hi)) continue;
-        if (e->end_ns > e->start_ns && (e->flops > 0 || e->bytes > 0)) ev[rated++] = e;
-    }
-    for (size_t i = 0; i < rated; i++) {
-        const trace_event_t *e = ev[i];
-        double ns = (double)(e->end_ns - e->start_ns);
-        v->samples[v->num_samples++] = (rate_sample_t){e->start_ns, {e->flops / ns, e->bytes / ns}};
-        if (i + 1 == rated || ev[i + 1]->start_ns > e->end_ns) v->samples[v->num_samples++] = (rate_sample_t){e->end_ns, {0, 0}};
-    }
-    free(ev);
-    return true;
 }
 
 /* Keep events with a known name inside the window; note used names and the time base. */
@@ -145,7 +115,7 @@ static bool view_build(xplane_view_t *v, const trace_t *t, int64_t first, int64_
     for (size_t l = 0; l < t->num_lanes; l++)
         if (!collect_lane(v, l, windowed, lo, hi)) return false;
     if (v->base_mono_ns == INT64_MAX) v->base_mono_ns = 0;
-    if (!collect_samples(v, windowed, lo, hi)) return false;
+    if (!(v->samples = trace_rate_samples(t, windowed, lo, hi, &v->num_samples))) return false;
     /* Metadata ids from 1 in name-id order, then the counters': deterministic, and 0 stays unused. */
     uint32_t next = 1;
     for (size_t i = 0; i < t->num_names; i++)
@@ -202,12 +172,12 @@ static void put_counter_line(pb_buf_t *b, const xplane_view_t *v) {
     pb_opt_string(b, 2, "_counters_");
     pb_opt_int64(b, 3, v->base_mono_ns + v->t->wall_minus_mono_ns);
     for (size_t i = 0; i < v->num_samples; i++)
-        for (int c = 0; c < 2; c++) {
+        for (int c = 0; c < TRACE_RATE_COUNT; c++) {
             size_t e = pb_begin(b, 4);  /* XLine.events */
             pb_int64(b, 1, v->counter_meta_id + (uint32_t)c);
             pb_int64(b, 2, (v->samples[i].ns - v->base_mono_ns) * 1000);   /* offset_ps */
             size_t st = pb_begin(b, 4); /* XEvent.stats */
-            pb_int64(b, 1, c == 0 ? STAT_GFLOPS : STAT_GBS);
+            pb_int64(b, 1, STAT_GFLOPS + c);  /* the series' stat ids follow TRACE_RATE_* */
             pb_double(b, 2, v->samples[i].value[c]);                       /* double_value */
             pb_end(b, st);
             pb_end(b, e);
@@ -234,15 +204,13 @@ static void put_plane(pb_buf_t *b, const xplane_view_t *v) {
     if (v->num_samples) put_counter_line(b, v);
     for (size_t i = 0; i < v->t->num_names; i++)   /* ids ascend with name id: sorted by key */
         if (v->meta_id[i]) put_metadata_entry(b, 4, v->meta_id[i], v->t->names[i].name);
-    for (int c = 0; v->num_samples && c < 2; c++) put_metadata_entry(b, 4, v->counter_meta_id + (uint32_t)c, COUNTER_NAMES[c]);
+    for (int c = 0; v->num_samples && c < TRACE_RATE_COUNT; c++)
+        put_metadata_entry(b, 4, v->counter_meta_id + (uint32_t)c, TRACE_RATE_COUNTERS[c]);
     put_metadata_entry(b, 5, STAT_R, "_r");
     put_metadata_entry(b, 5, STAT_STEP_NUM, "step_num");
     if (v->any_flops) put_metadata_entry(b, 5, STAT_FLOPS, "flops");
     if (v->any_bytes) put_metadata_entry(b, 5, STAT_BYTES_ACCESSED, "bytes_accessed");
-    if (v->num_samples) {
-        put_metadata_entry(b, 5, STAT_GFLOPS, "GFLOP/s");
-        put_metadata_entry(b, 5, STAT_GBS, "GB/s");
-    }
+    for (int c = 0; v->num_samples && c < TRACE_RATE_COUNT; c++) put_metadata_entry(b, 5, STAT_GFLOPS + c, TRACE_RATE_SERIES[c]);
     pb_end(b, m);
 }
 

@@ -3,17 +3,11 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
-#include <time.h>
 
 #include "util/arena.h"
+#include "util/clock.h"
 
 enum { MIN_ROUNDS = 3, VEC = 16 };
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* a = b + s · c over n floats (a multiple of VEC; the arrays 64-byte aligned), in static halves
  * so each thread keeps the pages it touched first. a's stores stream: a plain store first reads
@@ -52,13 +46,13 @@ membw_t membw_probe(int threads, size_t array_bytes, double seconds) {
         const int64_t n = (int64_t)(array_bytes / sizeof(float));
         const double bytes = 3.0 * (double)array_bytes;
         triad(a, b, c, 0.5f, n, threads); /* untimed: caches and TLBs warm; the values (zeros) do not matter */
-        double start = now_seconds();
-        for (int round = 0; round < MIN_ROUNDS || now_seconds() - start < seconds; round++) {
-            double t0 = now_seconds();
+        double start = clock_seconds();
+        for (int round = 0; round < MIN_ROUNDS || clock_seconds() - start < seconds; round++) {
+            double t0 = clock_seconds();
             triad(a, b, c, 0.5f, n, threads);
-            double t1 = now_seconds();
+            double t1 = clock_seconds();
             update(a, b, 0.5f, n, threads);
-            double t2 = now_seconds();
+            double t2 = clock_seconds();
             if (bytes / (t1 - t0) / 1e9 > r.triad_gbs) r.triad_gbs = bytes / (t1 - t0) / 1e9;
             if (bytes / (t2 - t1) / 1e9 > r.update_gbs) r.update_gbs = bytes / (t2 - t1) / 1e9;
         }

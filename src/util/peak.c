@@ -3,16 +3,10 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
-#include <time.h>
 
 #include "kernels/amx.h"
 #include "kernels/vecmath.h"
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "util/clock.h"
 
 enum { PROBE_ITERS = 1 << 16 };
 
@@ -109,16 +103,16 @@ double peak_probe_tflops(bool bf16, int num_threads, double seconds) {
     double best = 0.0;
     /* Several short rounds, keep the best: a busy neighbour only ever lowers a round. */
     for (int round = 0; round < 5; round++) {
-        double flops = 0.0, t0 = now_seconds();
+        double flops = 0.0, t0 = clock_seconds();
         float sink = 0.0f;
 #pragma omp parallel num_threads(num_threads) reduction(+ : flops)
         {
             float local = 0.0f;
-            while (now_seconds() - t0 < seconds / 5) flops += burst((float)omp_get_thread_num(), &local);
+            while (clock_seconds() - t0 < seconds / 5) flops += burst((float)omp_get_thread_num(), &local);
 #pragma omp atomic
             sink += local;
         }
-        double rate = flops / (now_seconds() - t0) / 1e12;
+        double rate = flops / (clock_seconds() - t0) / 1e12;
         if (rate > best && sink == sink) best = rate;
     }
     return best;
