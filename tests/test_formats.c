@@ -363,6 +363,13 @@ static void test_xplane_window_and_flops(void **state) {
     trace_destroy(t);
 }
 
+/* The whole trace as an XSpace, no step window, into a fresh b (the caller frees it). */
+static void encode_whole(const trace_t *t, pb_buf_t *b) {
+    pb_init(b);
+    char err[256];
+    assert_int_equal(xplane_encode(t, "h", -1, -1, b, err, sizeof err), 0);
+}
+
 /* A span's bytes become XProf's "bytes_accessed" stat (uint64, metadata id 4) beside its flops,
  * and a span with bytes alone carries that stat alone. */
 static void test_xplane_bytes_accessed(void **state) {
@@ -374,14 +381,12 @@ static void test_xplane_bytes_accessed(void **state) {
     trace_record(t, 0, mm, 2000, 3000, -1, 1e9, 300);
     trace_record(t, 0, norm, 4000, 5000, -1, 0, 1e9);
     pb_buf_t b;
-    pb_init(&b);
-    char err[256];
-    assert_int_equal(xplane_encode(t, "h", -1, -1, &b, err, sizeof err), 0);
+    encode_whole(t, &b);
     /* the stat metadata entry: {key 4, value {id 4, name "bytes_accessed"}} */
     assert_non_null(memmem(b.data, b.len, "\x08\x04\x12\x12\x08\x04\x12\x0e" "bytes_accessed", 22));
     /* the matmul's stats: {metadata_id 3, uint64 1e9}, then {metadata_id 4, uint64 300 = ac 02} */
     assert_non_null(memmem(b.data, b.len, "\x22\x08\x08\x03\x18\x80\x94\xeb\xdc\x03\x22\x05\x08\x04\x18\xac\x02", 17));
-    /* the norm's one stat: {metadata_id 4, uint64 1e9}, the event's last field */
+    /* the norm's bytes: {metadata_id 4, uint64 1e9}, its only number */
     assert_non_null(memmem(b.data, b.len, "\x22\x08\x08\x04\x18\x80\x94\xeb\xdc\x03", 10));
     assert_null(memmem(b.data, b.len, "\x22\x08\x08\x03\x18\x80\x94\xeb\xdc\x03\x22\x08", 12));
     /* The rate counters on a line XProf's viewer reads as counters: the norm's 1e9 bytes in 1 us
@@ -389,6 +394,40 @@ static void test_xplane_bytes_accessed(void **state) {
     assert_non_null(memmem(b.data, b.len, "_counters_", 10));
     assert_non_null(memmem(b.data, b.len, "compute lane GB/s", 17));
     assert_non_null(memmem(b.data, b.len, "\x08\x06\x11\x00\x00\x00\x00\x80\x84\x2e\x41", 11));
+    pb_free(&b);
+    trace_destroy(t);
+}
+
+/* The compute lane's kernels carry XProf's "tf_op" stat as a reference to an interned string
+ * "<part>/<name>:<category>" (':' in the name made '_'), the data wait "_ipl_stage_name" too; a
+ * worker lane's kernels and the step carry neither. */
+static void test_xplane_framework_ops(void **state) {
+    (void)state;
+    trace_t *t = trace_create(2, 16);
+    trace_set_lane(t, 0, "compute0", 7);
+    trace_set_lane(t, 1, "compute1", 8);
+    uint32_t train = trace_intern(t, "train", TRACE_CAT_STEP, NULL);
+    uint32_t wait = trace_intern(t, "data wait", TRACE_CAT_DATA, "data");
+    uint32_t mm = trace_intern(t, "q_proj:MatMul", TRACE_CAT_MATMUL, "attention");
+    uint32_t chunk = trace_intern(t, "chunk", TRACE_CAT_MATMUL, "mlp");
+    trace_record(t, 0, train, 1000, 9000, 0, 0, 0);
+    trace_record(t, 0, wait, 1000, 1500, -1, 0, 0);
+    trace_record(t, 0, mm, 2000, 3000, -1, 0, 0);
+    trace_record(t, 1, chunk, 2000, 2500, -1, 0, 0);
+    pb_buf_t b;
+    encode_whole(t, &b);
+    /* stat metadata: tf_op (7), _ipl_stage_name (8), then the strings in name-id order (9, 10) */
+    assert_non_null(memmem(b.data, b.len, "\x08\x07\x12\x09\x08\x07\x12\x05" "tf_op", 13));
+    assert_non_null(memmem(b.data, b.len, "\x08\x08\x12\x13\x08\x08\x12\x0f" "_ipl_stage_name", 23));
+    assert_non_null(memmem(b.data, b.len, "\x08\x09\x12\x17\x08\x09\x12\x13" "data/data wait:data", 27));
+    assert_non_null(memmem(b.data, b.len, "\x08\x0a\x12\x22\x08\x0a\x12\x1e" "attention/q_proj_MatMul:matmul", 38));
+    assert_null(memmem(b.data, b.len, "chunk:matmul", 12));
+    /* the wait's stats {7, ref 9} {8, ref 9}; the matmul's {7, ref 10}; nothing else refers */
+    assert_non_null(memmem(b.data, b.len, "\x22\x04\x08\x07\x38\x09\x22\x04\x08\x08\x38\x09", 12));
+    assert_non_null(memmem(b.data, b.len, "\x22\x04\x08\x07\x38\x0a", 6));
+    size_t refs = 0;
+    for (size_t i = 0; i + 3 < b.len; i++) refs += b.data[i] == 0x22 && b.data[i + 1] == 4 && b.data[i + 4] == 0x38;
+    assert_int_equal(refs, 3);
     pb_free(&b);
     trace_destroy(t);
 }
@@ -785,21 +824,21 @@ static void sample_intern(sample_names_t *s) {
     s->train = trace_intern(t, "train", TRACE_CAT_STEP, NULL);
     s->fwd = trace_intern(t, "forward", TRACE_CAT_PHASE, NULL);
     s->bwd = trace_intern(t, "backward", TRACE_CAT_PHASE, NULL);
-    s->opt = trace_intern(t, "optimizer/adamw:AdamW", TRACE_CAT_OPTIMIZER, "optimizer");
+    s->opt = trace_intern(t, "adamw_update", TRACE_CAT_OPTIMIZER, "optimizer");
     s->layer_f[0] = trace_intern(t, "layer0/forward", TRACE_CAT_LAYER, NULL);
     s->layer_f[1] = trace_intern(t, "layer1/forward", TRACE_CAT_LAYER, NULL);
     s->layer_b[0] = trace_intern(t, "layer0/backward", TRACE_CAT_LAYER, NULL);
     s->layer_b[1] = trace_intern(t, "layer1/backward", TRACE_CAT_LAYER, NULL);
-    s->qkv = trace_intern(t, "attn/qkv_proj:MatMul", TRACE_CAT_MATMUL, "attention");
-    s->attn = trace_intern(t, "attn/sdpa:Attention", TRACE_CAT_ATTENTION, "attention");
-    s->o_proj = trace_intern(t, "attn/o_proj:MatMul", TRACE_CAT_MATMUL, "attention");
-    s->mlp = trace_intern(t, "mlp/gate_up_down:MatMul", TRACE_CAT_MATMUL, "mlp");
-    s->norm = trace_intern(t, "rmsnorm:RMSNorm", TRACE_CAT_NORM, NULL);
-    s->xent = trace_intern(t, "lm_head/xent:CrossEntropy", TRACE_CAT_XENT, "lm_head");
-    s->embed = trace_intern(t, "embed:Gather", TRACE_CAT_EMBED, NULL);
-    s->worker = trace_intern(t, "mlp/gate_up_down:MatMul.chunk", TRACE_CAT_MATMUL, "mlp");
-    s->data = trace_intern(t, "data/next_batch", TRACE_CAT_DATA, NULL);
-    s->wait = trace_intern(t, "data/wait", TRACE_CAT_DATA, NULL);
+    s->qkv = trace_intern(t, "matmul qkv_proj", TRACE_CAT_MATMUL, "attention");
+    s->attn = trace_intern(t, "flash_attention", TRACE_CAT_ATTENTION, "attention");
+    s->o_proj = trace_intern(t, "matmul o_proj", TRACE_CAT_MATMUL, "attention");
+    s->mlp = trace_intern(t, "matmul gate_up_down", TRACE_CAT_MATMUL, "mlp");
+    s->norm = trace_intern(t, "rmsnorm", TRACE_CAT_NORM, "norms");
+    s->xent = trace_intern(t, "cross_entropy", TRACE_CAT_XENT, "lm_head");
+    s->embed = trace_intern(t, "embed", TRACE_CAT_EMBED, "embed");
+    s->worker = trace_intern(t, "matmul gate_up_down chunk", TRACE_CAT_MATMUL, "mlp");
+    s->data = trace_intern(t, "data/produce", TRACE_CAT_DATA, NULL);
+    s->wait = trace_intern(t, "data wait", TRACE_CAT_DATA, "data");
 }
 
 /* One layer's ops from *at on the master lane (and a worker chunk on lane 1); advances *at. */
@@ -895,6 +934,7 @@ int main(void) {
         cmocka_unit_test(test_xplane_write_atomic),
         cmocka_unit_test(test_xplane_window_and_flops),
         cmocka_unit_test(test_xplane_bytes_accessed),
+        cmocka_unit_test(test_xplane_framework_ops),
         cmocka_unit_test(test_chrome_trace),
         cmocka_unit_test(test_summary_arithmetic),
         cmocka_unit_test(test_summary_spread_weighted_by_flops),

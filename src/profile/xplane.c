@@ -7,7 +7,17 @@
 
 #include "util/atomic_file.h"
 
-enum { STAT_R = 1, STAT_STEP_NUM = 2, STAT_FLOPS = 3, STAT_BYTES_ACCESSED = 4, STAT_GFLOPS = 5, STAT_GBS = 6 };
+enum {
+    STAT_R = 1, STAT_STEP_NUM = 2, STAT_FLOPS = 3, STAT_BYTES_ACCESSED = 4, STAT_GFLOPS = 5, STAT_GBS = 6,
+    STAT_TF_OP = 7, STAT_IPL_STAGE_NAME = 8,
+    STAT_FIRST_STRING = 9   /* interned strings (ref values) from here, one per op name */
+};
+
+/* XProf's host op tables (framework_op_stats, the overview page's top operations) count the
+ * events of /host:CPU that carry a "tf_op" stat "<name>:<type>"; a lowercase type is a JAX-style
+ * op. Only the compute lane's kernel spans carry one, so XProf's table counts what the op
+ * summary counts. The data wait also carries "_ipl_stage_name", which makes XProf's step
+ * breakdown count its time as waiting for input. */
 
 /* The compute lane's rate counters (trace_rate_samples, as the Chrome trace carries them): XProf's
  * trace viewer reads the events of a line named "_counters_" as counter samples, each event's
@@ -21,6 +31,9 @@ typedef struct {
     size_t *lane_order;             /* non-empty lanes sorted by name */
     size_t num_lines;
     uint32_t *meta_id;              /* per name id: event-metadata id, 0 if unused */
+    uint32_t *op_ref;               /* per name id: the tf_op string's stat-metadata id, 0 if none */
+    char **op_string;               /* per name id: that string, NULL if none */
+    size_t compute_lane;
     int64_t base_mono_ns;           /* start of the earliest kept event */
     bool any_flops, any_bytes;
     trace_rate_sample_t *samples;   /* the counters' samples, in time order */
@@ -55,6 +68,10 @@ static void view_free(xplane_view_t *v) {
     free(v->counts);
     free(v->lane_order);
     free(v->meta_id);
+    if (v->op_string)
+        for (size_t i = 0; i < v->t->num_names; i++) free(v->op_string[i]);
+    free(v->op_string);
+    free(v->op_ref);
     free(v->samples);
 }
 
@@ -100,6 +117,40 @@ static void order_lines(xplane_view_t *v) {
     }
 }
 
+static bool is_framework_op(const xplane_view_t *v, size_t lane, const trace_event_t *e) {
+    return lane == v->compute_lane && trace_is_kernel_category(v->t->names[e->name_id].category);
+}
+
+/* "<part>/<name>:<category>"; a ':' in the name would end XProf's name early, so it becomes '_'. */
+static char *make_op_string(const trace_name_t *n) {
+    const char *part = n->part ? n->part : "", *type = trace_category_name(n->category);
+    size_t len = strlen(part) + 1 + strlen(n->name) + 1 + strlen(type) + 1;
+    char *s = malloc(len);
+    if (!s) return NULL;
+    int at = snprintf(s, len, "%s%s", part, n->part ? "/" : "");
+    for (const char *c = n->name; *c; c++) s[at++] = *c == ':' ? '_' : *c;
+    snprintf(s + at, len - (size_t)at, ":%s", type);
+    return s;
+}
+
+/* Stat-metadata ids for the tf_op strings of the names the compute lane's kernels use, in
+ * name-id order from STAT_FIRST_STRING: each event then refers to its string by id. */
+static bool intern_op_strings(xplane_view_t *v) {
+    size_t l = v->compute_lane;
+    if (l >= v->t->num_lanes) return true;
+    for (size_t i = 0; i < v->counts[l]; i++) {
+        const trace_event_t *e = v->events[l][i];
+        if (is_framework_op(v, l, e)) v->op_ref[e->name_id] = 1;
+    }
+    uint32_t next = STAT_FIRST_STRING;
+    for (size_t i = 0; i < v->t->num_names; i++) {
+        if (!v->op_ref[i]) continue;
+        if (!(v->op_string[i] = make_op_string(&v->t->names[i]))) return false;
+        v->op_ref[i] = next++;
+    }
+    return true;
+}
+
 static bool view_build(xplane_view_t *v, const trace_t *t, int64_t first, int64_t last) {
     memset(v, 0, sizeof *v);
     v->t = t;
@@ -108,7 +159,10 @@ static bool view_build(xplane_view_t *v, const trace_t *t, int64_t first, int64_
     v->counts = calloc(nl, sizeof *v->counts);
     v->lane_order = calloc(nl, sizeof *v->lane_order);
     v->meta_id = calloc(nn, sizeof *v->meta_id);
-    if (!v->events || !v->counts || !v->lane_order || !v->meta_id) return false;
+    v->op_ref = calloc(nn, sizeof *v->op_ref);
+    v->op_string = calloc(nn, sizeof *v->op_string);
+    if (!v->events || !v->counts || !v->lane_order || !v->meta_id || !v->op_ref || !v->op_string) return false;
+    v->compute_lane = trace_compute_lane(t);
     int64_t lo = 0, hi = 0;
     bool windowed = step_window(t, first, last, &lo, &hi);
     v->base_mono_ns = INT64_MAX;
@@ -121,6 +175,7 @@ static bool view_build(xplane_view_t *v, const trace_t *t, int64_t first, int64_
     for (size_t i = 0; i < t->num_names; i++)
         if (v->meta_id[i]) v->meta_id[i] = next++;
     v->counter_meta_id = next;
+    if (!intern_op_strings(v)) return false;
     order_lines(v);
     return true;
 }
@@ -139,7 +194,14 @@ static void put_stat_uint64(pb_buf_t *b, int64_t meta_id, double value) {
     pb_end(b, s);
 }
 
-static void put_event(pb_buf_t *b, const xplane_view_t *v, const trace_event_t *e) {
+static void put_stat_ref(pb_buf_t *b, int64_t meta_id, uint32_t string_id) {
+    size_t s = pb_begin(b, 4);          /* XEvent.stats */
+    pb_int64(b, 1, meta_id);
+    pb_uint64(b, 7, string_id);         /* ref_value: the stat metadata whose name is the value */
+    pb_end(b, s);
+}
+
+static void put_event(pb_buf_t *b, const xplane_view_t *v, size_t lane, const trace_event_t *e) {
     size_t m = pb_begin(b, 4);          /* XLine.events */
     pb_int64(b, 1, v->meta_id[e->name_id]);
     pb_int64(b, 2, (e->start_ns - v->base_mono_ns) * 1000);   /* offset_ps: oneof, always */
@@ -151,6 +213,11 @@ static void put_event(pb_buf_t *b, const xplane_view_t *v, const trace_event_t *
         if (e->flops > 0) put_stat_uint64(b, STAT_FLOPS, e->flops);
         /* XProf's cost-model stat: the trace viewer shows it as an arg (flops it hides). */
         if (e->bytes > 0) put_stat_uint64(b, STAT_BYTES_ACCESSED, e->bytes);
+        if (is_framework_op(v, lane, e)) {
+            put_stat_ref(b, STAT_TF_OP, v->op_ref[e->name_id]);
+            if (v->t->names[e->name_id].category == TRACE_CAT_DATA)
+                put_stat_ref(b, STAT_IPL_STAGE_NAME, v->op_ref[e->name_id]);
+        }
     }
     pb_end(b, m);
 }
@@ -161,7 +228,7 @@ static void put_line(pb_buf_t *b, const xplane_view_t *v, size_t lane) {
     pb_opt_int64(b, 1, L->tid);
     pb_opt_string(b, 2, L->name);
     pb_opt_int64(b, 3, v->base_mono_ns + v->t->wall_minus_mono_ns);   /* epoch ns */
-    for (size_t i = 0; i < v->counts[lane]; i++) put_event(b, v, v->events[lane][i]);
+    for (size_t i = 0; i < v->counts[lane]; i++) put_event(b, v, lane, v->events[lane][i]);
     pb_end(b, m);
 }
 
@@ -211,6 +278,16 @@ static void put_plane(pb_buf_t *b, const xplane_view_t *v) {
     if (v->any_flops) put_metadata_entry(b, 5, STAT_FLOPS, "flops");
     if (v->any_bytes) put_metadata_entry(b, 5, STAT_BYTES_ACCESSED, "bytes_accessed");
     for (int c = 0; v->num_samples && c < TRACE_RATE_COUNT; c++) put_metadata_entry(b, 5, STAT_GFLOPS + c, TRACE_RATE_SERIES[c]);
+    bool any_op = false, any_data = false;
+    for (size_t i = 0; i < v->t->num_names; i++)
+        if (v->op_ref[i]) {
+            any_op = true;
+            any_data |= v->t->names[i].category == TRACE_CAT_DATA;
+        }
+    if (any_op) put_metadata_entry(b, 5, STAT_TF_OP, "tf_op");
+    if (any_data) put_metadata_entry(b, 5, STAT_IPL_STAGE_NAME, "_ipl_stage_name");
+    for (size_t i = 0; i < v->t->num_names; i++)
+        if (v->op_ref[i]) put_metadata_entry(b, 5, v->op_ref[i], v->op_string[i]);
     pb_end(b, m);
 }
 

@@ -1073,6 +1073,42 @@ def test_profile_files(tmp_path):
     tracks = {ev["name"]: ev["entries"] for ev in json.loads(data)["traceEvents"] if ev.get("ph") == "C"}
     assert set(tracks) == {"compute lane GFLOP/s", "compute lane GB/s"}
     assert len(tracks["compute lane GB/s"]) >= len(matmuls) and max(v for _, v in tracks["compute lane GFLOP/s"]) > 0
+    check_xprof_op_tables(raw_to_tool_data, path, events, summ)
+
+
+def check_xprof_op_tables(raw_to_tool_data, path, events, summ):
+    """XProf's host op table (framework_op_stats) lists the compute lane's kernels, one row a
+    "<part>/<name>" with its category as the op type, the calls and times the Chrome trace has;
+    the self times add up to the op summary's kernel time. Its step breakdown counts the data
+    wait as input."""
+    data, _ = raw_to_tool_data.xspace_to_tool_data([path], "framework_op_stats", {})
+    table = json.loads(data)[0]   # the ops of host and device; a second table leaves out IDLE
+    ids = [c["id"] for c in table["cols"]]
+    rows = [dict(zip(ids, (c.get("v") for c in row["c"]))) for row in table["rows"]]
+    # an op is "<part>/<name>", and no part has a "/"
+    ops = {row["operation"].split("/", 1)[1]: row for row in rows if row["type"] != "IDLE"}
+    assert len(ops) == len(rows) - 1 and all(row["host_or_device"] == "Host" for row in rows)
+    tid = next(e["tid"] for e in events
+               if e.get("ph") == "M" and e["name"] == "thread_name" and e["args"]["name"] == summ["lane"])
+    kernels = [e for e in events if e["ph"] == "X" and e["tid"] == tid and e["cat"] in KERNEL_CATS | {"data", "comm"}]
+    want = {}
+    for e in kernels:
+        want.setdefault(e["name"], []).append(e)
+    assert set(ops) == set(want), (sorted(ops), sorted(want))
+    for name, calls in want.items():
+        row = ops[name]
+        assert row["type"] == calls[0]["cat"] and row["occurrences"] == len(calls), (name, row)
+        assert row["total_time"] == pytest.approx(sum(e["dur"] for e in calls), abs=1e-3 * len(calls))   # us
+    self_us = sum(row["total_self_time"] for row in ops.values())
+    kernel_ms = sum(r["total_ms"] for r in summ["rows"] if not r["part"] and r["category"] in KERNEL_CATS | {"data"})
+    assert self_us / 1e3 == pytest.approx(kernel_ms, rel=1e-6, abs=1e-3)
+    data, _ = raw_to_tool_data.xspace_to_tool_data([path], "overview_page", {})
+    steps = next(t for t in json.loads(data) if any(c.get("id") == "stepnum" for c in t.get("cols", [])))
+    cols = [c["id"] for c in steps["cols"]]
+    waits = sorted((e for e in kernels if e["cat"] == "data"), key=lambda e: e["ts"])
+    assert len(waits) == len(steps["rows"])
+    for row, wait in zip(steps["rows"], waits):
+        assert dict(zip(cols, (c["v"] for c in row["c"])))["infeedTimeMs"] == pytest.approx(wait["dur"] / 1e3, abs=1e-6)
 
 
 KERNEL_CATS = {"matmul", "attention", "norm", "rope", "swiglu", "xent", "embed", "optimizer", "elementwise"}

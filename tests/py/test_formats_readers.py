@@ -105,6 +105,25 @@ def test_xprof_reader_finds_steps(sample):
     step_table = next(t for t in tables if any(c.get("id") == "stepnum" for c in t.get("cols", [])))
     assert [row["c"][0]["v"] for row in step_table["rows"]] == [f"train {n}" for n in STEPS]
     assert all(row["c"][-1]["v"] > 0 for row in step_table["rows"])   # step time, ms
+    # the data wait (30 us a step) is the steps' input time
+    cols = [c["id"] for c in step_table["cols"]]
+    assert [row["c"][cols.index("infeedTimeMs")]["v"] for row in step_table["rows"]] == [pytest.approx(0.030)] * 4
+
+    # the host op table: compute0's kernels by "<part>/<name>", the category the type; compute1's
+    # chunks are the same work, not counted twice
+    data, _ = raw_to_tool_data.xspace_to_tool_data([path], "framework_op_stats", {})
+    table = json.loads(data)[0]
+    ids = [c["id"] for c in table["cols"]]
+    rows = {r["operation"]: r for r in (dict(zip(ids, (c.get("v") for c in row["c"]))) for row in table["rows"])}
+    assert rows.pop("IDLE")["type"] == "IDLE"
+    # type, calls and us a step: each of 2 layers runs forward, then backward at twice the time
+    want = {"attention/matmul qkv_proj": ("matmul", 16, 2 * 120 * 3), "attention/flash_attention": ("attention", 16, 2 * 200 * 3),
+            "attention/matmul o_proj": ("matmul", 16, 2 * 60 * 3), "mlp/matmul gate_up_down": ("matmul", 16, 2 * 300 * 3),
+            "norms/rmsnorm": ("norm", 32, 2 * 2 * 20 * 3), "lm_head/cross_entropy": ("xent", 4, 150),
+            "embed/embed": ("embed", 4, 20), "optimizer/adamw_update": ("optimizer", 4, 100), "data/data wait": ("data", 4, 30)}
+    assert {op: (r["type"], r["occurrences"], r["total_time"]) for op, r in rows.items()} == \
+        {op: (t, n, pytest.approx(us_per_step * 4)) for op, (t, n, us_per_step) in want.items()}
+    assert not any("chunk" in op for op in rows)
 
 
 # ---- (2) protoc against the schema from FORMATS.md ------------------------------------------
@@ -163,6 +182,20 @@ def test_protoc_structure(xspace):
         elif "flops" in stats:
             assert one(stats["flops"], "uint64_value") > 0
     assert steps == STEPS
+
+    # compute0's kernels carry XProf's tf_op, an interned string "<part>/<name>:<category>" (a
+    # ref_value naming a stat metadata); containers and compute1's chunks carry none
+    containers = {"train", "forward", "backward", "layer0/forward", "layer1/forward", "layer0/backward", "layer1/backward"}
+    for line in lines[:2]:
+        for e in line["events"]:
+            name = one(emeta[one(e, "metadata_id")], "name")
+            stats = {one(smeta[one(s, "metadata_id")], "name"): s for s in e.get("stats", [])}
+            if one(line, "name") == "compute0" and name not in containers:
+                op = one(smeta[one(stats["tf_op"], "ref_value")], "name")
+                assert re.fullmatch(rf"[a-z_]+/{re.escape(name)}:[a-z]+", op), (name, op)
+                assert ("_ipl_stage_name" in stats) == (name == "data wait")
+            else:
+                assert "tf_op" not in stats, name
 
     # the compute lane's rate counters, last: XProf's "_counters_" line (TSL's id for it), one
     # zero-length event a sample and counter, its one stat a non-negative double of its series
