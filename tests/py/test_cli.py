@@ -956,6 +956,29 @@ def test_slow_data_wait_is_visible(tmp_path):
     assert sum(times) >= 5 * 0.15 - 0.05, times
 
 
+def test_xprof_finds_a_slow_data_run_input_bound(tmp_path):
+    """The data wait reaches XProf as input time: its overview page calls the run input-bound by
+    the share of the step the op summary gives the data row, and each step's input time is that
+    step's wait in the Chrome trace."""
+    train(tmp_path, "steps=4", "data_delay_ms=150", "profiler=xplane", "skip_first_n_steps_for_profiler=1",
+          "profiler_steps=2")
+    try:
+        from xprof.convert import raw_to_tool_data
+    except Exception as e:
+        pytest.skip(f"xprof not importable: {e!r}")
+    (prof,) = (run_dir(tmp_path) / "tensorboard" / "plugins" / "profile").iterdir()
+    summ = json.loads((prof / "op_summary.json").read_text())
+    share = next(r["share"] for r in summ["rows"] if r["category"] == "data" and not r["part"])
+    assert share > 0.3, summ["rows"]      # 150 ms of data against a ~10 ms step
+    path = str(next(prof.glob("*.xplane.pb")))
+    data, _ = raw_to_tool_data.xspace_to_tool_data([path], "overview_page", {})
+    verdict = next(t["p"]["input_conclusion"] for t in json.loads(data) if "input_conclusion" in t.get("p", {}))
+    m = re.search(r"input-bound because (\d+\.\d)% of the total step time sampled is waiting for input", verdict)
+    assert m and "NOT" not in verdict and float(m[1]) == pytest.approx(100 * share, abs=0.06), verdict
+    events = json.loads(gzip.decompress(next(prof.glob("*.trace.json.gz")).read_bytes()))["traceEvents"]
+    check_xprof_op_tables(raw_to_tool_data, path, events, summ)
+
+
 def test_fast_data_is_prefetched(tmp_path):
     train(tmp_path, "steps=4", "data_delay_ms=0", run_name="fast")
     recs, _ = read_metrics(tmp_path, "fast")
