@@ -13,9 +13,9 @@ enum {
     STAT_FIRST_STRING = 9   /* interned strings (ref values) from here, one per op name */
 };
 
-/* XProf's host op tables (framework_op_stats, the overview page's top operations) count the
- * events of /host:CPU that carry a "tf_op" stat "<name>:<type>"; a lowercase type is a JAX-style
- * op. Only the compute lane's kernel spans carry one, so XProf's table counts what the op
+/* XProf's host op table (framework_op_stats) counts the events of /host:CPU that carry a
+ * "tf_op" stat "<name>:<type>"; a lowercase type is a JAX-style op. (The overview page's top-ops
+ * table stays empty: it lists device ops only.) Only the compute lane's kernel spans carry one, so XProf's table counts what the op
  * summary counts. The data wait also carries "_ipl_stage_name", which makes XProf's step
  * breakdown count its time as waiting for input. */
 

@@ -10,7 +10,7 @@
  * chrome_trace.h, one zero-length event a sample with a double stat "GFLOP/s" or "GB/s", which
  * XProf's trace viewer draws as counter tracks. The compute lane's kernel spans (the op summary's)
  * carry "tf_op" = "<part>/<name>:<category>" as a ref_value (one interned string a name), which
- * XProf's host op table (framework_op_stats) and overview page count; the data wait also carries
+ * XProf's host op table (framework_op_stats) counts; the data wait also carries
  * "_ipl_stage_name", so XProf's step breakdown counts it as input time.
  * Fields are written in field-number order and map entries by key, so the bytes equal
  * protobuf's deterministic serialization. */
