@@ -297,11 +297,11 @@ static void test_xspace_vector(void **state) {
     pb_buf_t b;
     pb_init(&b);
     char err[256];
-    assert_int_equal(xplane_encode(t, "h", 0, 0, &b, err, sizeof err), 0);
+    assert_int_equal(xplane_encode(t, "h", 0, 0, NULL, &b, err, sizeof err), 0);
     assert_bytes(b.data, b.len, XSPACE_VECTOR);
     /* The step window changes nothing here; no window (-1) neither. */
     pb_reset(&b);
-    assert_int_equal(xplane_encode(t, "h", -1, -1, &b, err, sizeof err), 0);
+    assert_int_equal(xplane_encode(t, "h", -1, -1, NULL, &b, err, sizeof err), 0);
     assert_bytes(b.data, b.len, XSPACE_VECTOR);
     pb_free(&b);
     trace_destroy(t);
@@ -313,7 +313,7 @@ static void test_xplane_write_atomic(void **state) {
     char dir[256], path[300], err[512];
     make_tmpdir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/h.xplane.pb", dir);
-    assert_int_equal(xplane_write(t, path, "h", 0, 0, err, sizeof err), 0);
+    assert_int_equal(xplane_write(t, path, "h", 0, 0, NULL, err, sizeof err), 0);
     size_t n;
     uint8_t *d = read_all(path, &n);
     assert_non_null(d);
@@ -348,8 +348,8 @@ static void test_xplane_window_and_flops(void **state) {
     pb_init(&all);
     pb_init(&one);
     char err[256];
-    assert_int_equal(xplane_encode(t, "h", -1, -1, &all, err, sizeof err), 0);
-    assert_int_equal(xplane_encode(t, "h", 1, 1, &one, err, sizeof err), 0);
+    assert_int_equal(xplane_encode(t, "h", -1, -1, NULL, &all, err, sizeof err), 0);
+    assert_int_equal(xplane_encode(t, "h", 1, 1, NULL, &one, err, sizeof err), 0);
     assert_true(one.len < all.len);
     /* The flops stat metadata is declared: "flops" appears in the bytes. */
     assert_non_null(memmem(one.data, one.len, "flops", 5));
@@ -367,7 +367,7 @@ static void test_xplane_window_and_flops(void **state) {
 static void encode_whole(const trace_t *t, pb_buf_t *b) {
     pb_init(b);
     char err[256];
-    assert_int_equal(xplane_encode(t, "h", -1, -1, b, err, sizeof err), 0);
+    assert_int_equal(xplane_encode(t, "h", -1, -1, NULL, b, err, sizeof err), 0);
 }
 
 /* A span's bytes become XProf's "bytes_accessed" stat (uint64, metadata id 4) beside its flops,
@@ -416,18 +416,61 @@ static void test_xplane_framework_ops(void **state) {
     trace_record(t, 1, chunk, 2000, 2500, -1, 0, 0);
     pb_buf_t b;
     encode_whole(t, &b);
-    /* stat metadata: tf_op (7), _ipl_stage_name (8), then the strings in name-id order (9, 10) */
+    /* stat metadata: tf_op (7), _ipl_stage_name (8), then (after the memory plan's 9..17) the strings in name-id order (18, 19) */
     assert_non_null(memmem(b.data, b.len, "\x08\x07\x12\x09\x08\x07\x12\x05" "tf_op", 13));
     assert_non_null(memmem(b.data, b.len, "\x08\x08\x12\x13\x08\x08\x12\x0f" "_ipl_stage_name", 23));
-    assert_non_null(memmem(b.data, b.len, "\x08\x09\x12\x17\x08\x09\x12\x13" "data/data wait:data", 27));
-    assert_non_null(memmem(b.data, b.len, "\x08\x0a\x12\x22\x08\x0a\x12\x1e" "attention/q_proj_MatMul:matmul", 38));
+    assert_non_null(memmem(b.data, b.len, "\x08\x12\x12\x17\x08\x12\x12\x13" "data/data wait:data", 27));
+    assert_non_null(memmem(b.data, b.len, "\x08\x13\x12\x22\x08\x13\x12\x1e" "attention/q_proj_MatMul:matmul", 38));
     assert_null(memmem(b.data, b.len, "chunk:matmul", 12));
-    /* the wait's stats {7, ref 9} {8, ref 9}; the matmul's {7, ref 10}; nothing else refers */
-    assert_non_null(memmem(b.data, b.len, "\x22\x04\x08\x07\x38\x09\x22\x04\x08\x08\x38\x09", 12));
-    assert_non_null(memmem(b.data, b.len, "\x22\x04\x08\x07\x38\x0a", 6));
+    /* the wait's stats {7, ref 18} {8, ref 18}; the matmul's {7, ref 19}; nothing else refers */
+    assert_non_null(memmem(b.data, b.len, "\x22\x04\x08\x07\x38\x12\x22\x04\x08\x08\x38\x12", 12));
+    assert_non_null(memmem(b.data, b.len, "\x22\x04\x08\x07\x38\x13", 6));
     size_t refs = 0;
     for (size_t i = 0; i + 3 < b.len; i++) refs += b.data[i] == 0x22 && b.data[i + 1] == 4 && b.data[i + 4] == 0x38;
     assert_int_equal(refs, 3);
+    pb_free(&b);
+    trace_destroy(t);
+}
+
+/* The memory plan: a line of its own (id 0xdeadbeef + 7, which XProf's op statistics skip) with
+ * one zero-length "MemoryAllocation" a buffer at the window's start, carrying the stats XProf's
+ * memory profile reads and the running totals; a buffer of several dtypes has no data_type. */
+static void test_xplane_memory_plan(void **state) {
+    (void)state;
+    trace_t *t = one_step_trace();
+    const xplane_buffer_t buffers[] = {{"parameters", 300, XPLANE_DT_FLOAT, "persist"},
+                                       {"scratch", 200, XPLANE_DT_MIXED, "temp"}};
+    const xplane_memory_t memory = {.allocator = "plan", .buffers = buffers, .count = 2, .capacity_bytes = 1000};
+    pb_buf_t b;
+    pb_init(&b);
+    char err[256];
+    assert_int_equal(xplane_encode(t, "h", 0, 0, &memory, &b, err, sizeof err), 0);
+    /* the line: {id 0xdeadbef6, name "memory plan"} */
+    assert_non_null(memmem(b.data, b.len, "\x08\xf6\xfd\xb6\xf5\x0d\x12\x0b" "memory plan", 19));
+    assert_non_null(memmem(b.data, b.len, "MemoryAllocation", 16));
+    for (int i = 0; i < 9; i++) {
+        const char *names[] = {"allocator_name", "bytes_allocated", "bytes_available", "peak_bytes_in_use",
+                               "requested_bytes", "allocation_bytes", "addr", "region_type", "data_type"};
+        assert_non_null(memmem(b.data, b.len, names[i], strlen(names[i])));
+    }
+    /* the first buffer's stats: allocator "plan", allocated 300 (ac 02), available 700 (bc 05),
+     * peak 300, requested and allocation 300, addr 0, tf_op, region, data_type 1 */
+    static const char first[] = "\x22\x08\x08\x09\x2a\x04plan" "\x22\x05\x08\x0a\x20\xac\x02"
+                                "\x22\x05\x08\x0b\x20\xbc\x05" "\x22\x05\x08\x0c\x20\xac\x02"
+                                "\x22\x05\x08\x0d\x20\xac\x02" "\x22\x05\x08\x0e\x20\xac\x02"
+                                "\x22\x04\x08\x0f\x20\x00" "\x22\x0e\x08\x07\x2a\x0aparameters"
+                                "\x22\x0b\x08\x10\x2a\x07persist" "\x22\x04\x08\x11\x20\x01";
+    assert_non_null(memmem(b.data, b.len, first, sizeof first - 1));
+    /* the second: allocated 500 (f4 03), available 500, addr 300, and no data_type after its region */
+    static const char second[] = "\x22\x05\x08\x0a\x20\xf4\x03" "\x22\x05\x08\x0b\x20\xf4\x03";
+    assert_non_null(memmem(b.data, b.len, second, sizeof second - 1));
+    assert_non_null(memmem(b.data, b.len, "\x22\x05\x08\x0f\x20\xac\x02", 7));
+    assert_non_null(memmem(b.data, b.len, "\x2a\x04temp", 6));
+    assert_null(memmem(b.data, b.len, "\x2a\x04temp\x22\x04\x08\x11", 10));
+    /* no memory, no line */
+    pb_reset(&b);
+    assert_int_equal(xplane_encode(t, "h", 0, 0, NULL, &b, err, sizeof err), 0);
+    assert_bytes(b.data, b.len, XSPACE_VECTOR);
     pb_free(&b);
     trace_destroy(t);
 }
@@ -909,7 +952,12 @@ static void test_sample_profile(void **state) {
     snprintf(run, sizeof run, "%s/plugins/profile/2026_01_01_00_00_00", dir);
     assert_int_equal(mkdir_p(run), 0);
     snprintf(path, sizeof path, "%s/testhost.xplane.pb", run);
-    assert_int_equal(xplane_write(s.t, path, "testhost", 0, 3, err, sizeof err), 0);
+    const xplane_buffer_t buffers[] = {{"parameters", 4000000, XPLANE_DT_FLOAT, "persist"},
+                                       {"bf16 weights", 2000000, XPLANE_DT_BFLOAT16, "persist"},
+                                       {"scratch", 1000000, XPLANE_DT_MIXED, "temp"}};
+    const xplane_memory_t memory = {.allocator = "stepscope memory plan", .buffers = buffers, .count = 3,
+                                    .capacity_bytes = 10000000};
+    assert_int_equal(xplane_write(s.t, path, "testhost", 0, 3, &memory, err, sizeof err), 0);
     snprintf(path, sizeof path, "%s/testhost.trace.json.gz", run);
     assert_int_equal(chrome_trace_write(s.t, path, err, sizeof err), 0);
     summary_t sum;
@@ -935,6 +983,7 @@ int main(void) {
         cmocka_unit_test(test_xplane_window_and_flops),
         cmocka_unit_test(test_xplane_bytes_accessed),
         cmocka_unit_test(test_xplane_framework_ops),
+        cmocka_unit_test(test_xplane_memory_plan),
         cmocka_unit_test(test_chrome_trace),
         cmocka_unit_test(test_summary_arithmetic),
         cmocka_unit_test(test_summary_spread_weighted_by_flops),

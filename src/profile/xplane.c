@@ -10,8 +10,18 @@
 enum {
     STAT_R = 1, STAT_STEP_NUM = 2, STAT_FLOPS = 3, STAT_BYTES_ACCESSED = 4, STAT_GFLOPS = 5, STAT_GBS = 6,
     STAT_TF_OP = 7, STAT_IPL_STAGE_NAME = 8,
-    STAT_FIRST_STRING = 9   /* interned strings (ref values) from here, one per op name */
+    /* the memory plan's allocation events */
+    STAT_ALLOCATOR_NAME = 9, STAT_BYTES_ALLOCATED, STAT_BYTES_AVAILABLE, STAT_PEAK_BYTES_IN_USE, STAT_REQUESTED_BYTES,
+    STAT_ALLOCATION_BYTES, STAT_ADDR, STAT_REGION_TYPE, STAT_DATA_TYPE,
+    STAT_FIRST_STRING       /* interned strings (ref values) from here, one per op name */
 };
+static const char *const MEMORY_STAT_NAMES[] = {
+    "allocator_name", "bytes_allocated", "bytes_available", "peak_bytes_in_use", "requested_bytes",
+    "allocation_bytes", "addr", "region_type", "data_type"};
+/* The memory plan's line id: one of the ids XProf reserves for lines it derives (0xdeadbeef up),
+ * which its op statistics skip. Its allocation events carry tf_op (the memory profile's name for
+ * a buffer), and on a thread's line XProf's host op table would count each as a zero-length op. */
+enum { MEMORY_LINE_ID = 0xdeadbeef + 7 };
 
 /* XProf's host op table (framework_op_stats) counts the events of /host:CPU that carry a
  * "tf_op" stat "<name>:<type>"; a lowercase type is a JAX-style op. (The overview page's top-ops
@@ -39,6 +49,9 @@ typedef struct {
     trace_rate_sample_t *samples;   /* the counters' samples, in time order */
     size_t num_samples;
     uint32_t counter_meta_id;       /* the first of the two counters' event-metadata ids */
+    const xplane_memory_t *memory;  /* NULL or with buffers: the memory plan's line */
+    uint32_t memory_meta_id;        /* "MemoryAllocation"'s event-metadata id */
+    int64_t window_start_ns;        /* where the memory plan's events stand */
 } xplane_view_t;
 
 static bool root_step_in(const trace_t *t, const trace_event_t *e, int64_t first, int64_t last) {
@@ -151,9 +164,10 @@ static bool intern_op_strings(xplane_view_t *v) {
     return true;
 }
 
-static bool view_build(xplane_view_t *v, const trace_t *t, int64_t first, int64_t last) {
+static bool view_build(xplane_view_t *v, const trace_t *t, int64_t first, int64_t last, const xplane_memory_t *memory) {
     memset(v, 0, sizeof *v);
     v->t = t;
+    v->memory = memory && memory->count ? memory : NULL;
     size_t nl = t->num_lanes ? t->num_lanes : 1, nn = t->num_names ? t->num_names : 1;
     v->events = calloc(nl, sizeof *v->events);
     v->counts = calloc(nl, sizeof *v->counts);
@@ -169,12 +183,14 @@ static bool view_build(xplane_view_t *v, const trace_t *t, int64_t first, int64_
     for (size_t l = 0; l < t->num_lanes; l++)
         if (!collect_lane(v, l, windowed, lo, hi)) return false;
     if (v->base_mono_ns == INT64_MAX) v->base_mono_ns = 0;
+    v->window_start_ns = windowed ? lo : v->base_mono_ns;
     if (!(v->samples = trace_rate_samples(t, windowed, lo, hi, &v->num_samples))) return false;
     /* Metadata ids from 1 in name-id order, then the counters': deterministic, and 0 stays unused. */
     uint32_t next = 1;
     for (size_t i = 0; i < t->num_names; i++)
         if (v->meta_id[i]) v->meta_id[i] = next++;
     v->counter_meta_id = next;
+    v->memory_meta_id = next + TRACE_RATE_COUNT;
     if (!intern_op_strings(v)) return false;
     order_lines(v);
     return true;
@@ -252,6 +268,44 @@ static void put_counter_line(pb_buf_t *b, const xplane_view_t *v) {
     pb_end(b, m);
 }
 
+static void put_stat_string(pb_buf_t *b, int64_t meta_id, const char *value) {
+    size_t s = pb_begin(b, 4);          /* XEvent.stats */
+    pb_int64(b, 1, meta_id);
+    pb_string(b, 5, value);             /* str_value */
+    pb_end(b, s);
+}
+
+/* The memory plan's line: one zero-length "MemoryAllocation" a buffer, at the window's start, in
+ * plan order, each with the running totals XProf's memory profile plots. */
+static void put_memory_line(pb_buf_t *b, const xplane_view_t *v) {
+    const xplane_memory_t *mem = v->memory;
+    size_t m = pb_begin(b, 3);          /* XPlane.lines */
+    pb_opt_int64(b, 1, MEMORY_LINE_ID);
+    pb_opt_string(b, 2, "memory plan");
+    pb_opt_int64(b, 3, v->base_mono_ns + v->t->wall_minus_mono_ns);
+    uint64_t allocated = 0;
+    for (size_t i = 0; i < mem->count; i++) {
+        const xplane_buffer_t *buf = &mem->buffers[i];
+        size_t e = pb_begin(b, 4);      /* XLine.events */
+        pb_int64(b, 1, v->memory_meta_id);
+        pb_int64(b, 2, (v->window_start_ns - v->base_mono_ns) * 1000);   /* offset_ps */
+        uint64_t addr = allocated;
+        allocated += buf->bytes;
+        put_stat_string(b, STAT_ALLOCATOR_NAME, mem->allocator);
+        put_stat_int64(b, STAT_BYTES_ALLOCATED, (int64_t)allocated);
+        put_stat_int64(b, STAT_BYTES_AVAILABLE, mem->capacity_bytes > allocated ? (int64_t)(mem->capacity_bytes - allocated) : 0);
+        put_stat_int64(b, STAT_PEAK_BYTES_IN_USE, (int64_t)allocated);
+        put_stat_int64(b, STAT_REQUESTED_BYTES, (int64_t)buf->bytes);
+        put_stat_int64(b, STAT_ALLOCATION_BYTES, (int64_t)buf->bytes);
+        put_stat_int64(b, STAT_ADDR, (int64_t)addr);
+        put_stat_string(b, STAT_TF_OP, buf->name);
+        put_stat_string(b, STAT_REGION_TYPE, buf->region);
+        if (buf->data_type != XPLANE_DT_MIXED) put_stat_int64(b, STAT_DATA_TYPE, buf->data_type);
+        pb_end(b, e);
+    }
+    pb_end(b, m);
+}
+
 /* map<int64, M> entry: {key=1, value=2 {id=1, name=2}}. Both metadata kinds share this shape. */
 static void put_metadata_entry(pb_buf_t *b, uint32_t field, int64_t id, const char *name) {
     size_t entry = pb_begin(b, field);
@@ -268,11 +322,13 @@ static void put_plane(pb_buf_t *b, const xplane_view_t *v) {
     /* id 0 is the proto3 default and is left out. */
     pb_string(b, 2, "/host:CPU");
     for (size_t i = 0; i < v->num_lines; i++) put_line(b, v, v->lane_order[i]);
+    if (v->memory) put_memory_line(b, v);
     if (v->num_samples) put_counter_line(b, v);
     for (size_t i = 0; i < v->t->num_names; i++)   /* ids ascend with name id: sorted by key */
         if (v->meta_id[i]) put_metadata_entry(b, 4, v->meta_id[i], v->t->names[i].name);
     for (int c = 0; v->num_samples && c < TRACE_RATE_COUNT; c++)
         put_metadata_entry(b, 4, v->counter_meta_id + (uint32_t)c, TRACE_RATE_COUNTERS[c]);
+    if (v->memory) put_metadata_entry(b, 4, v->memory_meta_id, "MemoryAllocation");
     put_metadata_entry(b, 5, STAT_R, "_r");
     put_metadata_entry(b, 5, STAT_STEP_NUM, "step_num");
     if (v->any_flops) put_metadata_entry(b, 5, STAT_FLOPS, "flops");
@@ -284,17 +340,19 @@ static void put_plane(pb_buf_t *b, const xplane_view_t *v) {
             any_op = true;
             any_data |= v->t->names[i].category == TRACE_CAT_DATA;
         }
-    if (any_op) put_metadata_entry(b, 5, STAT_TF_OP, "tf_op");
+    if (any_op || v->memory) put_metadata_entry(b, 5, STAT_TF_OP, "tf_op");
     if (any_data) put_metadata_entry(b, 5, STAT_IPL_STAGE_NAME, "_ipl_stage_name");
+    for (int i = 0; v->memory && i <= STAT_DATA_TYPE - STAT_ALLOCATOR_NAME; i++)
+        put_metadata_entry(b, 5, STAT_ALLOCATOR_NAME + i, MEMORY_STAT_NAMES[i]);
     for (size_t i = 0; i < v->t->num_names; i++)
         if (v->op_ref[i]) put_metadata_entry(b, 5, v->op_ref[i], v->op_string[i]);
     pb_end(b, m);
 }
 
 int xplane_encode(const trace_t *t, const char *hostname, int64_t first_step, int64_t last_step,
-                  pb_buf_t *out, char *err, size_t errlen) {
+                  const xplane_memory_t *memory, pb_buf_t *out, char *err, size_t errlen) {
     xplane_view_t v;
-    bool ok = view_build(&v, t, first_step, last_step);
+    bool ok = view_build(&v, t, first_step, last_step, memory);
     if (ok) {
         put_plane(out, &v);
         pb_string(out, 4, hostname && hostname[0] ? hostname : "localhost");
@@ -306,10 +364,10 @@ int xplane_encode(const trace_t *t, const char *hostname, int64_t first_step, in
 }
 
 int xplane_write(const trace_t *t, const char *path, const char *hostname, int64_t first_step,
-                 int64_t last_step, char *err, size_t errlen) {
+                 int64_t last_step, const xplane_memory_t *memory, char *err, size_t errlen) {
     pb_buf_t b;
     pb_init(&b);
-    int rc = xplane_encode(t, hostname, first_step, last_step, &b, err, errlen);
+    int rc = xplane_encode(t, hostname, first_step, last_step, memory, &b, err, errlen);
     if (rc == 0) rc = atomic_write_file(path, b.data, b.len, err, errlen);
     pb_free(&b);
     return rc;

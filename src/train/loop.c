@@ -299,6 +299,26 @@ static void hostname_for_files(char *out, size_t n) {
         if (*c == ':' || *c == '/') *c = '_';
 }
 
+/* The memory plan as XProf's memory profile shows it: the --dry-run lines, in their order, each
+ * with its dtype where it holds one kind (the optimizer's few norm partial sums, doubles, aside). */
+static size_t plan_buffers(const plan_t *p, xplane_buffer_t out[7]) {
+    const int mixed_or_float = p->bf16 ? XPLANE_DT_MIXED : XPLANE_DT_FLOAT;
+    const xplane_buffer_t all[] = {
+        {"parameters", p->params_bytes, p->weights_bf16 ? XPLANE_DT_MIXED : XPLANE_DT_FLOAT, "persist"},
+        {"bf16 weights", p->params_bf16_bytes, XPLANE_DT_BFLOAT16, "persist"},
+        {"gradients", p->grads_bytes, XPLANE_DT_FLOAT, "persist"},
+        {"optimizer state", p->optimizer_bytes, p->mu_bf16 || p->weights_bf16 ? XPLANE_DT_MIXED : XPLANE_DT_FLOAT,
+         "persist"},
+        {"saved activations", p->activations_bytes, mixed_or_float, "temp"},
+        {"scratch", p->scratch_bytes, XPLANE_DT_MIXED, "temp"},
+        {"data rings", p->data_bytes, XPLANE_DT_INT32, "persist"},
+    };
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i].bytes) out[n++] = all[i];
+    return n;
+}
+
 static int write_profile(loop_t *l, double peak_tflops, profile_files_t *pf, char *err, size_t errlen) {
     char stamp[32], host[256], summary_name[64] = "op_summary.json";
     struct tm tm;
@@ -320,7 +340,11 @@ static int write_profile(loop_t *l, double peak_tflops, profile_files_t *pf, cha
     snprintf(pf->xplane, sizeof pf->xplane, "%s/%s.xplane.pb", pf->dir, host);
     snprintf(pf->trace, sizeof pf->trace, "%s/%s.trace.json.gz", pf->dir, host);
     snprintf(pf->summary, sizeof pf->summary, "%s/%s", pf->dir, summary_name);
-    if (xplane_write(l->trace, pf->xplane, host, l->profile_first, l->profile_last, err, errlen) != 0) return 1;
+    xplane_buffer_t buffers[7];
+    const xplane_memory_t memory = {.allocator = "stepscope memory plan", .buffers = buffers,
+                                    .count = plan_buffers(l->plan, buffers),
+                                    .capacity_bytes = plan_memory_available(l->plan, l->cfg)};
+    if (xplane_write(l->trace, pf->xplane, host, l->profile_first, l->profile_last, &memory, err, errlen) != 0) return 1;
     if (chrome_trace_write(l->trace, pf->trace, err, errlen) != 0) return 1;
     summary_t s;
     if (summary_compute(l->trace, l->profile_first, l->profile_last, peak_tflops * 1000.0, l->peak_gb_per_s, &s) == 0) {

@@ -1097,6 +1097,28 @@ def test_profile_files(tmp_path):
     assert set(tracks) == {"compute lane GFLOP/s", "compute lane GB/s"}
     assert len(tracks["compute lane GB/s"]) >= len(matmuls) and max(v for _, v in tracks["compute lane GFLOP/s"]) > 0
     check_xprof_op_tables(raw_to_tool_data, path, events, summ)
+    check_xprof_memory_profile(raw_to_tool_data, path, tmp_path, "model_name=tiny")
+
+
+def check_xprof_memory_profile(raw_to_tool_data, path, tmp_path, *config):
+    """XProf's memory profile shows the memory plan --dry-run prints: one allocation a buffer with
+    its bytes, in use together from the window's start (their sum the peak, the memory available
+    the capacity), none freed."""
+    r = stepscope(tmp_path, *config, "--dry-run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    plan = {k: int(v) for k, v in re.findall(r"^memory_(\w+)_bytes: (\d+)$", r.stdout, re.M)}
+    names = {"parameters": "parameters", "bf16_weights": "bf16 weights", "gradients": "gradients",
+             "optimizer_state": "optimizer state", "saved_activations": "saved activations", "scratch": "scratch",
+             "data_ring": "data rings"}
+    want = {names[k]: v for k, v in plan.items() if k in names and v > 0}
+    data, _ = raw_to_tool_data.xspace_to_tool_data([path], "memory_profile", {})
+    (allocator,) = json.loads(data)["memoryProfilePerAllocator"].values()
+    snaps = allocator["memoryProfileSnapshots"]
+    assert {s["activityMetadata"]["tfOpName"]: int(s["activityMetadata"]["allocationBytes"]) for s in snaps} == want
+    assert len(snaps) == len(want) and all(s["activityMetadata"]["memoryActivity"] == "ALLOCATION" for s in snaps)
+    summary = allocator["profileSummary"]
+    assert int(summary["peakStats"]["heapAllocatedBytes"]) == plan["total"] == sum(want.values())
+    assert int(summary["memoryCapacity"]) == plan["available"]
 
 
 def check_xprof_op_tables(raw_to_tool_data, path, events, summ):
@@ -1209,6 +1231,13 @@ def test_profile_counts_each_kernels_bytes(tmp_path, dtype, weights, per_param):
     assert re.search(r"^category\s+part\s+calls\s+total ms.*p10-p90 GFLOP/s\s+GB/s\s+%bw$", r.stdout, re.M)
     assert re.search(r"^optimizer\s.*\s\d+\.\d\s+\d+%$", r.stdout, re.M)
     assert re.search(r"memory bandwidth \d+\.\d GB/s$", r.stdout, re.M)
+    # XProf's memory profile: this dtype's plan (bf16 runs add the bf16 weights' line)
+    try:
+        from xprof.convert import raw_to_tool_data
+    except Exception as e:
+        pytest.skip(f"xprof not importable: {e!r}")
+    check_xprof_memory_profile(raw_to_tool_data, str(next(prof.glob("*.xplane.pb"))), tmp_path, "model_name=tiny",
+                               f"dtype={dtype}", f"weight_dtype={weights}")
 
 
 def test_profile_names_what_ran_between_steps(tmp_path):

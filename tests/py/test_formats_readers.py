@@ -147,7 +147,7 @@ def test_protoc_structure(xspace):
     assert xspace["hostnames"] == ["testhost"]
     (plane,) = xspace["planes"]
     assert one(plane, "id", 0) == 0 and one(plane, "name") == "/host:CPU"
-    lines, counters = plane["lines"][:-1], plane["lines"][-1]
+    lines, memory, counters = plane["lines"][:-2], plane["lines"][-2], plane["lines"][-1]
     assert [one(l, "name") for l in lines] == ["compute0", "compute1", "data_loader"]
     assert [one(l, "id") for l in lines] == [4101, 4102, 4103]
     assert all(one(l, "timestamp_ns") == EPOCH_NS for l in plane["lines"])
@@ -207,6 +207,27 @@ def test_protoc_structure(xspace):
         assert smeta[one(st, "metadata_id")]["name"] == [series[one(emeta[one(e, "metadata_id")], "name")]]
         assert one(st, "double_value") >= 0
     assert any(one(e["stats"][0], "double_value") > 0 for e in counters["events"])
+
+    # the memory plan: its own line (an id XProf reserves for derived lines, which its op
+    # statistics skip), one zero-length MemoryAllocation a buffer at the first step's start, with
+    # the running totals against the capacity; a buffer of several dtypes has no data_type
+    assert one(memory, "name") == "memory plan" and one(memory, "id") == 0xdeadbeef + 7
+    allocs = []
+    for e in memory["events"]:
+        assert emeta[one(e, "metadata_id")]["name"] == ["MemoryAllocation"] and "duration_ps" not in e
+        assert one(e, "offset_ps") == 0
+        allocs.append({one(smeta[one(st, "metadata_id")], "name"): one(st, "int64_value", one(st, "str_value"))
+                       for st in e["stats"]})
+    assert allocs == [
+        {"allocator_name": "stepscope memory plan", "bytes_allocated": 4000000, "bytes_available": 6000000,
+         "peak_bytes_in_use": 4000000, "requested_bytes": 4000000, "allocation_bytes": 4000000, "addr": 0,
+         "tf_op": "parameters", "region_type": "persist", "data_type": 1},
+        {"allocator_name": "stepscope memory plan", "bytes_allocated": 6000000, "bytes_available": 4000000,
+         "peak_bytes_in_use": 6000000, "requested_bytes": 2000000, "allocation_bytes": 2000000, "addr": 4000000,
+         "tf_op": "bf16 weights", "region_type": "persist", "data_type": 14},
+        {"allocator_name": "stepscope memory plan", "bytes_allocated": 7000000, "bytes_available": 3000000,
+         "peak_bytes_in_use": 7000000, "requested_bytes": 1000000, "allocation_bytes": 1000000, "addr": 6000000,
+         "tf_op": "scratch", "region_type": "temp"}]
 
 
 # ---- (3) Chrome trace JSON --------------------------------------------------------------------
