@@ -25,9 +25,9 @@ enum { MEMORY_LINE_ID = 0xdeadbeef + 7 };
 
 /* XProf's host op table (framework_op_stats) counts the events of /host:CPU that carry a
  * "tf_op" stat "<name>:<type>"; a lowercase type is a JAX-style op. (The overview page's top-ops
- * table stays empty: it lists device ops only.) Only the compute lane's kernel spans carry one, so XProf's table counts what the op
- * summary counts. The data wait also carries "_ipl_stage_name", which makes XProf's step
- * breakdown count its time as waiting for input. */
+ * table stays empty: it lists device ops only.) Only the compute lane's kernel spans carry one,
+ * so XProf's table counts what the op summary counts. The data wait also carries
+ * "_ipl_stage_name", which makes XProf's step breakdown count its time as waiting for input. */
 
 /* The compute lane's rate counters (trace_rate_samples, as the Chrome trace carries them): XProf's
  * trace viewer reads the events of a line named "_counters_" as counter samples, each event's
@@ -46,6 +46,7 @@ typedef struct {
     size_t compute_lane;
     int64_t base_mono_ns;           /* start of the earliest kept event */
     bool any_flops, any_bytes;
+    bool any_op, any_data_op;       /* a tf_op string is interned; one of them is a data wait's */
     trace_rate_sample_t *samples;   /* the counters' samples, in time order */
     size_t num_samples;
     uint32_t counter_meta_id;       /* the first of the two counters' event-metadata ids */
@@ -160,6 +161,8 @@ static bool intern_op_strings(xplane_view_t *v) {
         if (!v->op_ref[i]) continue;
         if (!(v->op_string[i] = make_op_string(&v->t->names[i]))) return false;
         v->op_ref[i] = next++;
+        v->any_op = true;
+        v->any_data_op |= v->t->names[i].category == TRACE_CAT_DATA;
     }
     return true;
 }
@@ -334,14 +337,8 @@ static void put_plane(pb_buf_t *b, const xplane_view_t *v) {
     if (v->any_flops) put_metadata_entry(b, 5, STAT_FLOPS, "flops");
     if (v->any_bytes) put_metadata_entry(b, 5, STAT_BYTES_ACCESSED, "bytes_accessed");
     for (int c = 0; v->num_samples && c < TRACE_RATE_COUNT; c++) put_metadata_entry(b, 5, STAT_GFLOPS + c, TRACE_RATE_SERIES[c]);
-    bool any_op = false, any_data = false;
-    for (size_t i = 0; i < v->t->num_names; i++)
-        if (v->op_ref[i]) {
-            any_op = true;
-            any_data |= v->t->names[i].category == TRACE_CAT_DATA;
-        }
-    if (any_op || v->memory) put_metadata_entry(b, 5, STAT_TF_OP, "tf_op");
-    if (any_data) put_metadata_entry(b, 5, STAT_IPL_STAGE_NAME, "_ipl_stage_name");
+    if (v->any_op || v->memory) put_metadata_entry(b, 5, STAT_TF_OP, "tf_op");
+    if (v->any_data_op) put_metadata_entry(b, 5, STAT_IPL_STAGE_NAME, "_ipl_stage_name");
     for (int i = 0; v->memory && i <= STAT_DATA_TYPE - STAT_ALLOCATOR_NAME; i++)
         put_metadata_entry(b, 5, STAT_ALLOCATOR_NAME + i, MEMORY_STAT_NAMES[i]);
     for (size_t i = 0; i < v->t->num_names; i++)

@@ -301,9 +301,10 @@ static void hostname_for_files(char *out, size_t n) {
 
 /* The memory plan as XProf's memory profile shows it: the --dry-run lines, in their order, each
  * with its dtype where it holds one kind (the optimizer's few norm partial sums, doubles, aside). */
-static size_t plan_buffers(const plan_t *p, xplane_buffer_t out[7]) {
+enum { PLAN_BUFFERS = 7 };
+static size_t plan_buffers(const plan_t *p, xplane_buffer_t out[PLAN_BUFFERS]) {
     const int mixed_or_float = p->bf16 ? XPLANE_DT_MIXED : XPLANE_DT_FLOAT;
-    const xplane_buffer_t all[] = {
+    const xplane_buffer_t all[PLAN_BUFFERS] = {
         {"parameters", p->params_bytes, p->weights_bf16 ? XPLANE_DT_MIXED : XPLANE_DT_FLOAT, "persist"},
         {"bf16 weights", p->params_bf16_bytes, XPLANE_DT_BFLOAT16, "persist"},
         {"gradients", p->grads_bytes, XPLANE_DT_FLOAT, "persist"},
@@ -314,7 +315,7 @@ static size_t plan_buffers(const plan_t *p, xplane_buffer_t out[7]) {
         {"data rings", p->data_bytes, XPLANE_DT_INT32, "persist"},
     };
     size_t n = 0;
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    for (size_t i = 0; i < PLAN_BUFFERS; i++)
         if (all[i].bytes) out[n++] = all[i];
     return n;
 }
@@ -340,7 +341,7 @@ static int write_profile(loop_t *l, double peak_tflops, profile_files_t *pf, cha
     snprintf(pf->xplane, sizeof pf->xplane, "%s/%s.xplane.pb", pf->dir, host);
     snprintf(pf->trace, sizeof pf->trace, "%s/%s.trace.json.gz", pf->dir, host);
     snprintf(pf->summary, sizeof pf->summary, "%s/%s", pf->dir, summary_name);
-    xplane_buffer_t buffers[7];
+    xplane_buffer_t buffers[PLAN_BUFFERS];
     const xplane_memory_t memory = {.allocator = "stepscope memory plan", .buffers = buffers,
                                     .count = plan_buffers(l->plan, buffers),
                                     .capacity_bytes = plan_memory_available(l->plan, l->cfg)};
