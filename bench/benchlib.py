@@ -44,15 +44,18 @@ def build():
         sys.exit(f"bench: make failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
 
 
-def _probe(name, field, threads, seconds):
-    """The figure build/bench/<name> prints after `field` on its first line, or None where it
+def _probe(name, field, threads, seconds, *extra):
+    """The figure build/bench/<name> prints after `field` at the start of a line, or None where it
     cannot run."""
-    r = subprocess.run([str(ROOT / "build" / "bench" / name), str(threads), str(seconds)],
+    r = subprocess.run([str(ROOT / "build" / "bench" / name), str(threads), str(seconds), *extra],
                        capture_output=True, text=True)
-    fields = r.stdout.split()
-    if r.returncode != 0 or len(fields) < 2 or fields[0] != field:
+    if r.returncode != 0:
         return None
-    return float(fields[1])
+    for line in r.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == field:
+            return float(fields[1])
+    return None
 
 
 def fma_probe(threads, seconds=0.5):
@@ -60,6 +63,12 @@ def fma_probe(threads, seconds=0.5):
     probe, best of 5 rounds), or None where it cannot run. On a shared VM it moves by a quarter
     or more within minutes: logged beside each run, it tells a slow round from a slow engine."""
     return _probe("fma_probe", "fma_probe_tflops", threads, seconds)
+
+
+def bf16_probe(threads, seconds=0.5):
+    """TFLOP/s the cores' bf16 unit delivers right now (build/bench/fma_probe's bf16 line: the
+    probe a dtype=bfloat16 run starts with), or None where it cannot run."""
+    return _probe("fma_probe", "bf16_probe_tflops", threads, seconds, "bf16")
 
 
 def mem_probe(threads, seconds=0.5):

@@ -15,7 +15,13 @@ quarter or more within minutes, and a round run at 0.6 of the peak is slow for a
 what the memory bus delivered (build/bench/mem_probe before and after, GB/s: it moves apart from
 the FMA units, and an engine bound by memory traffic moves with it).
 Ratios: stepscope's tokens/s over each run's (of the medians, and round by round), and its peak
-RSS over theirs.
+RSS over theirs. Round by round also each speed-up's ceiling: their step over a step that does
+the counted FLOPs at 100% of the rate the cores' probe read in their dtype around their run (the
+faster of its readings before and after; fma_probe's bf16 line for bf16 runs), the most any
+engine could have been faster than theirs in that round; and stepscope's counted FLOPs rate as a
+fraction of that probe. A target above a round's ceiling was out of reach in it, whatever the
+code: on a VM whose cores run at half their rate in some phases, this tells a phase from a
+shortfall.
 
     bench/vs_torch.py                                       # qwen3-0.6b, 1 x 1024, fp32 and bf16
     bench/vs_torch.py --model tiny --seq 128 --steps 4 --runs stepscope,eager
@@ -119,16 +125,19 @@ def main():
                         continue
                     over = base + (["dtype=bfloat16"] if dtype == "bfloat16" else [])
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: stepscope")
-                    probe0, mem0 = bl.machine_probes(a.threads)
+                    probe0, mem0, rate0 = probes_now(a.threads, dtype)
                     peak = bf16_peak if dtype == "bfloat16" else a.peak  # the dtype's peak
                     res = bl.run_stepscope(over, workdir, name, a.threads, peak)
                 else:
                     cap = bl.memory_cap(a.memory_cap_gib)
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: torch {mode} {dtype} (RSS cap {cap / bl.GIB:.1f} GiB)")
-                    probe0, mem0 = bl.machine_probes(a.threads)
+                    probe0, mem0, rate0 = probes_now(a.threads, dtype)
                     res = bl.run_torch(base, workdir, name, a.threads, mode, dtype, rss_cap=cap)
-                probe1, mem1 = bl.machine_probes(a.threads)
+                probe1, mem1, rate1 = probes_now(a.threads, dtype)
                 res["probe"] = (probe0 + probe1) / 2 / a.peak if probe0 and probe1 else None
+                # The cores' rate in the run's own dtype around it, for the speed-up's ceiling: the
+                # faster reading, so that a probe slowed for a moment cannot lower the bound.
+                res["rate_tflops"] = max(rate0, rate1) if rate0 and rate1 else None
                 res["mem_gbs"] = (mem0 + mem1) / 2 if mem0 and mem1 else None
                 if res["rc"] != 0 or len(res["seconds"]) < 2:
                     why = "over the RSS cap" if res["over_cap"] else f"exit {res['rc']}"
@@ -149,6 +158,12 @@ def main():
         tmp.cleanup()
 
 
+def probes_now(threads, dtype):
+    """(FMA probe, memory probe, the cores' rate in dtype) now, in TFLOP/s, GB/s, TFLOP/s."""
+    fma, mem = bl.machine_probes(threads)
+    return fma, mem, bl.bf16_probe(threads) if dtype == "bfloat16" else fma
+
+
 def completed(r):
     return "skipped" not in r and r["rc"] == 0 and len(r["seconds"]) >= 2
 
@@ -157,6 +172,24 @@ def round_ratios(theirs, ours):
     """Speed-ups round by round: their median step over ours in the same round (None where either
     failed), so that a ratio compares runs made minutes apart, not across the VM's phases."""
     return [t / o for t, o in zip(theirs, ours) if t is not None and o is not None]
+
+
+def ceilings(theirs, rates, tflop):
+    """Round by round, the most any engine could have been faster than theirs: their median step
+    over a step that does the counted FLOPs (MaxText's count: tflop per step) at 100% of the
+    rate the cores' probe read in their dtype around their run, the faster of its readings
+    before and after (None where either is missing).
+    A speed-up target above it was out of reach in that round, whatever the code."""
+    return [t * r / tflop if t is not None and r else None for t, r in zip(theirs, rates)]
+
+
+def fractions_of_rate(ours, rates, tflop):
+    """Round by round, the counted FLOPs' rate in our step over the cores' probed rate then."""
+    return [tflop / (t * r) if t is not None and r else None for t, r in zip(ours, rates)]
+
+
+def rounds_text(values, fmt):
+    return ", ".join("-" if v is None else fmt.format(v) for v in values)
 
 
 def summarise(reps):
@@ -175,6 +208,7 @@ def summarise(reps):
             "probe": [r.get("probe") for r in ok],
             "mem_gbs": [r.get("mem_gbs") for r in ok],
             "by_round": [bl.median_step(r["seconds"]) if completed(r) else None for r in reps],
+            "rate_by_round": [r.get("rate_tflops") if completed(r) else None for r in reps],
             "steps": len(ok[0]["seconds"]), "repeats": len(ok), "loss": ok[0]["losses"][:3],
             "cmds": [r["cmd"] for r in ok]}
 
@@ -207,14 +241,21 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
             if dtype == "bfloat16" and (ours is None or "error" in ours):
                 ours, vs = sums.get("stepscope"), " (fp32)"
             speed = mem = ""
-            ratios = []
+            ratios, ceiling = [], []
             if ours and "error" not in ours:
                 speed = f"{sm['median'] / ours['median']:.2f}x{vs}"
                 mem = f"{ours['peak_rss'] / sm['peak_rss']:.2f}"
                 if engine != "stepscope":
                     ratios = round_ratios(sm["by_round"], ours["by_round"])
+                    ceiling = ceilings(sm["by_round"], sm["rate_by_round"], tflop)
                     by_round.append(f"  {label} {dtype}: " + ", ".join(f"{r:.2f}" for r in ratios) +
-                                    (f" (median {statistics.median(ratios):.2f})" if ratios else ""))
+                                    (f" (median {statistics.median(ratios):.2f})" if ratios else "") +
+                                    (f"; ceiling {rounds_text(ceiling, '{:.2f}')}" if any(ceiling) else ""))
+            if engine == "stepscope":
+                of_rate = fractions_of_rate(sm["by_round"], sm["rate_by_round"], tflop)
+                if any(of_rate):
+                    by_round.append(f"  stepscope {dtype} at {rounds_text(of_rate, '{:.1%}')} of the cores' "
+                                    f"probed {'bf16' if dtype == 'bfloat16' else 'fp32'} rate")
             probes = [p for p in sm["probe"] if p is not None]
             probe = f"{statistics.median(probes):.2f}" if probes else "-"
             mems = [m for m in sm["mem_gbs"] if m is not None]
@@ -227,7 +268,8 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
                            "peak_rss_bytes": sm["peak_rss"], "others_cores": sm["others"],
                            "fma_probe_of_peak": sm["probe"],
                            "mem_probe_gbs": sm["mem_gbs"], "step_s_by_round": sm["by_round"],
-                           "speedup_by_round": ratios,
+                           "speedup_by_round": ratios, "rate_tflops_by_round": sm["rate_by_round"],
+                           "ceiling_by_round": ceiling,
                            "first_losses": sm["loss"], "plan_bytes": int(plan["memory_total_bytes"]),
                            "commands": sm["cmds"]})
         print(bl.table(["run", "dtype", "median s", "tokens/s", "TFLOP/s", "MFU", "peak RSS GiB",
@@ -236,7 +278,8 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
         for note in notes:
             print(f"  {note}")
         if by_round:
-            print("stepscope speed-up round by round (each round runs every engine back to back):")
+            print("stepscope speed-up round by round (each round runs every engine back to back; ceiling: the "
+                  "speed-up a step at 100% of the cores' probed rate in that round would have had):")
             print("\n".join(by_round))
         ss = sums.get("stepscope")
         if ss and "error" not in ss:
@@ -286,6 +329,8 @@ def markdown_table(report):
                 if mine:
                     speed = (f"**{r['median_step_s'] / mine['median_step_s']:.2f}×**; "
                              + ", ".join(f"{x:.2f}" for x in r["speedup_by_round"]))
+                    if any(r.get("ceiling_by_round") or []):
+                        speed += f" (ceiling {rounds_text(r['ceiling_by_round'], '{:.2f}')})"
             out.append(f"| {name} | {'bf16' if dtype == 'bfloat16' else 'fp32'} | {rounds} | {median} | "
                        f"{r['tokens_per_s']:.1f} | {100 * r['mfu']:.1f}% | {rss} | {speed} |")
     return "\n".join(out)

@@ -12,10 +12,18 @@ import vs_torch  # noqa: E402
 GIB = 1 << 30
 
 
-def run_result(step_s, rc=0, mem_gbs=80.0):
+def run_result(step_s, rc=0, mem_gbs=80.0, rate_tflops=None):
     # step 0 is start-up and left out of each round's median
     return {"rc": rc, "seconds": [99.0, step_s, step_s], "peak_rss": 12 * GIB, "others_cores": 0.01,
-            "probe": 1.2, "mem_gbs": mem_gbs, "losses": [12.1, 11.6, 10.1], "cmd": "made up", "over_cap": False}
+            "probe": 1.2, "mem_gbs": mem_gbs, "rate_tflops": rate_tflops, "losses": [12.1, 11.6, 10.1],
+            "cmd": "made up", "over_cap": False}
+
+
+def report_of(results, runs, tflop="4.0225"):
+    """vs_torch's report of made-up results for config (1, 1024), and what it printed."""
+    plans = {(1, 1024): {"float32": {"per_device_tflops": tflop, "memory_total_bytes": str(11 * GIB)}}}
+    a = types.SimpleNamespace(model="qwen3-0.6b", threads=2, peak=0.446)
+    return vs_torch.print_tables(a, [(1, 1024)], runs, results, plans, 0.892)
 
 
 def test_round_ratios_pair_rounds_and_skip_failures():
@@ -30,9 +38,7 @@ def test_report_prints_speedups_round_by_round(capsys):
         (key, "stepscope-bf16"): [run_result(4.0), run_result(5.0), run_result(4.5)],
         (key, "eager-bf16"): [run_result(8.0, mem_gbs=81.0), run_result(8.0, rc=1), run_result(9.9, mem_gbs=60.0)],
     }
-    plans = {key: {"float32": {"per_device_tflops": "4.0225", "memory_total_bytes": str(11 * GIB)}}}
-    a = types.SimpleNamespace(model="qwen3-0.6b", threads=2, peak=0.446)
-    report = vs_torch.print_tables(a, [key], ["stepscope-bf16", "eager-bf16"], results, plans, 0.892)
+    report = report_of(results, ["stepscope-bf16", "eager-bf16"])
     out = capsys.readouterr().out
     # medians over the completed rounds: ours 4.5 s, theirs median(8.0, 9.9) = 8.95 s
     assert "1.99x" in out
@@ -47,6 +53,29 @@ def test_report_prints_speedups_round_by_round(capsys):
     assert ours_row["speedup_by_round"] == []
 
 
+def test_ceiling_is_their_step_against_the_counted_flops_at_the_probed_rate(capsys):
+    # 4 TFLOP a step: at the 0.5 TFLOP/s the cores' bf16 probe read around their 12 s round, a
+    # step at 100% of that rate takes 8 s, so no engine could have been more than 1.5x faster
+    # there; around their 9 s round the probe read 1.0, so 4 s and 2.25x. Ours, 5 s at 1.0 and
+    # 4 s at 1.0: 80% and 100% of the probed rate. A failed round, or one without a probe, has none.
+    key = (1, 1024)
+    results = {
+        (key, "stepscope-bf16"): [run_result(5.0, rate_tflops=1.0), run_result(4.0, rate_tflops=1.0),
+                                  run_result(4.0)],
+        (key, "eager-bf16"): [run_result(12.0, rate_tflops=0.5), run_result(9.0, rate_tflops=1.0),
+                              run_result(9.0, rc=1, rate_tflops=1.0)],
+    }
+    report = report_of(results, ["stepscope-bf16", "eager-bf16"], tflop="4.0")
+    out = capsys.readouterr().out
+    assert "torch eager autocast bfloat16: 2.40, 2.25 (median 2.33); ceiling 1.50, 2.25, -" in out
+    assert "stepscope bfloat16 at 80.0%, 100.0%, - of the cores' probed bf16 rate" in out
+    torch_row = next(r for r in report if r["run"] == "eager-bf16")
+    assert torch_row["ceiling_by_round"] == [1.5, 2.25, None]
+    assert torch_row["rate_tflops_by_round"] == [0.5, 1.0, None]
+    assert vs_torch.markdown_table(report).splitlines()[-1].endswith(
+        "| **2.62×**; 2.40, 2.25 (ceiling 1.50, 2.25, -) |")  # medians: 10.5 s over 4.0
+
+
 def test_markdown_table_carries_the_printed_figures(capsys):
     # the log's table from the report: rounds, medians and the speed-ups by round, the bf16 row
     # against stepscope's own fp32, and a failed round shown as "-"
@@ -56,9 +85,7 @@ def test_markdown_table_carries_the_printed_figures(capsys):
         (key, "stepscope-bf16"): [run_result(4.5), run_result(5.0), run_result(4.75)],
         (key, "eager-bf16"): [run_result(9.0), run_result(8.0, rc=1), run_result(9.5)],
     }
-    plans = {key: {"float32": {"per_device_tflops": "4.0225", "memory_total_bytes": str(11 * GIB)}}}
-    a = types.SimpleNamespace(model="qwen3-0.6b", threads=2, peak=0.446)
-    report = vs_torch.print_tables(a, [key], ["stepscope", "stepscope-bf16", "eager-bf16"], results, plans, 0.892)
+    report = report_of(results, ["stepscope", "stepscope-bf16", "eager-bf16"])
     capsys.readouterr()
     lines = vs_torch.markdown_table(report).splitlines()
     assert lines[0].startswith("| run | dtype | rounds | median |") and len(lines) == 5
