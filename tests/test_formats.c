@@ -631,6 +631,40 @@ static void test_summary_spread_weighted_by_flops(void **state) {
     trace_destroy(t);
 }
 
+/* The table printed into a string (freed by the caller). */
+static char *printed_summary(const summary_t *s) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    summary_print(s, f);
+    fclose(f);
+    return text;
+}
+
+/* A row past 100% of the peak or the bandwidth gets a note under the table naming it, its rate
+ * and how far past the reference it went; within them, no note. summary_trace's mlp matmul runs
+ * at 2000 GFLOP/s and its norm moves 40 GB/s. */
+static void test_summary_notes_rows_past_the_reference(void **state) {
+    (void)state;
+    trace_t *t = summary_trace();
+    summary_t s;
+    assert_int_equal(summary_compute(t, 0, 1, 4000.0, 80.0, &s), 0);
+    char *text = printed_summary(&s);
+    assert_null(strstr(text, "note:"));
+    free(text);
+    summary_free(&s);
+    assert_int_equal(summary_compute(t, 0, 1, 1000.0, 16.0, &s), 0);
+    text = printed_summary(&s);
+    assert_non_null(strstr(text, "\nnote: matmul mlp ran at 2000.0 GFLOP/s, 2.00x the 1000.0 GFLOP/s peak %peak is "
+                                 "read against: the cores were faster during the steps than when the peak was probed, "
+                                 "or the peak given is low\n"));
+    assert_non_null(strstr(text, "\nnote: norm moved 40.0 GB/s, 2.50x the 16.0 GB/s %bw is read against: its data "
+                                 "stayed in the caches between kernels, or the memory bus was faster during the steps"));
+    free(text);
+    summary_free(&s);
+    trace_destroy(t);
+}
+
 static void test_summary_arithmetic(void **state) {
     (void)state;
     trace_t *t = summary_trace();
@@ -986,6 +1020,7 @@ int main(void) {
         cmocka_unit_test(test_xplane_memory_plan),
         cmocka_unit_test(test_chrome_trace),
         cmocka_unit_test(test_summary_arithmetic),
+        cmocka_unit_test(test_summary_notes_rows_past_the_reference),
         cmocka_unit_test(test_summary_spread_weighted_by_flops),
         cmocka_unit_test(test_atomic_file),
         cmocka_unit_test(test_atomic_file_write_through),

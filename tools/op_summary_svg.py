@@ -6,9 +6,11 @@ counted arithmetic (norms, elementwise passes, the update) its GB/s and % of the
 bandwidth. Standard library only.
 
     python3 tools/op_summary_svg.py <op_summary.json> <out.svg> [--title TEXT] [--peak-gflops X]
+                                    [--peak-gb-per-s Y]
 
 --peak-gflops recomputes every "% of peak" against X (say, the bf16 peak for a run whose
-device_peak_tflops was given as the fp32 one).
+device_peak_tflops was given as the fp32 one); --peak-gb-per-s every "% of bandwidth" against Y
+(say, the fastest the bus was probed that day, where the run's own probe caught a slow moment).
 """
 import argparse
 import json
@@ -90,17 +92,22 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--title", default="stepscope op summary")
     ap.add_argument("--peak-gflops", type=float, default=None)
+    ap.add_argument("--peak-gb-per-s", type=float, default=None)
     a = ap.parse_args()
     try:
         summary = json.load(open(a.summary))
     except (OSError, ValueError) as e:
         sys.exit(f"op_summary_svg: cannot read {a.summary}: {e}")
-    if a.peak_gflops:
-        if not a.peak_gflops > 0:
-            sys.exit("op_summary_svg: --peak-gflops must be positive")
-        summary["peak_gflops"] = a.peak_gflops
+    rereads = (("--peak-gflops", a.peak_gflops, "peak_gflops", "gflops_per_s", "pct_peak"),
+               ("--peak-gb-per-s", a.peak_gb_per_s, "peak_gbytes_per_s", "gbytes_per_s", "pct_bandwidth"))
+    for flag, value, reference, rate, pct in rereads:
+        if value is None:
+            continue
+        if not value > 0:
+            sys.exit(f"op_summary_svg: {flag} must be positive")
+        summary[reference] = value
         for r in summary["rows"]:
-            r["pct_peak"] = 100.0 * r.get("gflops_per_s", 0.0) / a.peak_gflops
+            r[pct] = 100.0 * r.get(rate, 0.0) / value
     text = svg(summary, a.title)
     # Whole or not at all, as every file the project writes.
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(a.out)), suffix=".partial")

@@ -2,6 +2,7 @@
 #include "profile/summary.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -228,6 +229,39 @@ void summary_free(summary_t *s) {
     s->num_rows = 0;
 }
 
+/* The row that went furthest past the reference the column is read against (pct_peak or
+ * pct_bandwidth over 100), or NULL. The total row averages the others and is left out. */
+static const summary_row_t *furthest_past(const summary_t *s, bool bandwidth) {
+    const summary_row_t *worst = NULL;
+    for (size_t i = 0; i < s->num_rows; i++) {
+        const summary_row_t *r = &s->rows[i];
+        double pct = bandwidth ? r->pct_bandwidth : r->pct_peak;
+        if (strcmp(r->category, SUMMARY_TOTAL_LABEL) == 0 || pct <= 100.0) continue;
+        if (!worst || pct > (bandwidth ? worst->pct_bandwidth : worst->pct_peak)) worst = r;
+    }
+    return worst;
+}
+
+/* A row over 100% of the peak means the peak was probed when the cores were slower than during
+ * the steps, or was given low; over 100% of the bandwidth, also that the row's data stayed in
+ * the caches (a small model's activations) or that the bus was probed in a slow moment (a
+ * shared VM's moves by 2x within seconds). Say so under the table rather than leave a 172% to
+ * be read as a fact about the kernel. */
+static void print_reference_notes(const summary_t *s, FILE *f) {
+    const summary_row_t *r = furthest_past(s, false);
+    if (r)
+        fprintf(f, "note: %s%s%s ran at %.1f GFLOP/s, %.2fx the %.1f GFLOP/s peak %%peak is read against: the cores "
+                "were faster during the steps than when the peak was probed, or the peak given is low\n",
+                r->category, r->part[0] ? " " : "", r->part, r->gflops_per_s, r->pct_peak / 100.0, s->peak_gflops);
+    r = furthest_past(s, true);
+    if (r)
+        fprintf(f, "note: %s%s%s moved %.1f GB/s, %.2fx the %.1f GB/s %%bw is read against: its data stayed in the "
+                "caches between kernels, or the memory bus was faster during the steps than when it was probed (a "
+                "shared VM's moves by 2x within seconds); a fixed device_peak_gb_per_s compares runs\n",
+                r->category, r->part[0] ? " " : "", r->part, r->gbytes_per_s, r->pct_bandwidth / 100.0,
+                s->peak_gbytes_per_s);
+}
+
 void summary_print(const summary_t *s, FILE *f) {
     fprintf(f, "op summary: steps %lld..%lld (%lld), step time %.3f ms, kernels counted on lane \"%s\"",
             (long long)s->first_step, (long long)s->last_step, (long long)s->num_steps, s->step_ms, s->lane);
@@ -252,6 +286,7 @@ void summary_print(const summary_t *s, FILE *f) {
         fprintf(f, "%-24s %-20s %9s %12.3f %6.1f%% %11s %7s %15s %9s %6s\n", r->part[0] ? "" : r->category,
                 r->part, calls, r->total_ms, 100.0 * r->share, gf, pk, spread, gb, bw);
     }
+    print_reference_notes(s, f);
 }
 
 /* JSON text helpers over a pb_buf_t used as a plain byte buffer. */

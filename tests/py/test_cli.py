@@ -1045,6 +1045,15 @@ def test_profile_files(tmp_path):
     assert any(re.fullmatch(r"\d+\.\d GB/s, \d+% of bandwidth", t or "") for t in texts), texts
     bars = [float(r.get("width")) for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("fill-opacity")]
     assert bars and all(0 <= w <= 420 for w in bars)
+    # --peak-gb-per-s reads every row's GB/s against another bandwidth: twice the run's halves each %
+    given = summ["peak_gbytes_per_s"]
+    subprocess.run([sys.executable, str(ROOT / "tools" / "op_summary_svg.py"), str(dirs[0] / "op_summary.json"),
+                    str(svg_path), "--peak-gb-per-s", str(2 * given)], check=True)
+    texts2 = [t.text for t in ET.parse(svg_path).getroot().iter("{http://www.w3.org/2000/svg}text")]
+    assert f"memory bandwidth {2 * given:.1f} GB/s" in " ".join(t or "" for t in texts2)
+    for row in summ["rows"]:
+        if row["flops"] == 0 and row["bytes"] > 0 and not row["category"].startswith(("total", "other")):
+            assert f"{row['gbytes_per_s']:.1f} GB/s, {row['pct_bandwidth'] / 2:.0f}% of bandwidth" in texts2, row
 
     # each matmul form step by step (tools/matmul_forms.py): one row per form, a rate per
     # profiled step, and the overall rate as its flops over its time in the trace
