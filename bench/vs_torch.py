@@ -3,8 +3,8 @@
 
 For each config (model x batch x sequence) it runs, one process at a time and interleaved when
 --repeats > 1: stepscope (build/stepscope), the PyTorch reference tools/torch_qwen3.py in eager
-float32, under torch.compile, and with bf16 autocast, and stepscope with dtype=bfloat16 where
-this build supports it. Every torch child gets torch.set_num_threads(THREADS), OMP_NUM_THREADS
+float32, under torch.compile, and with bf16 autocast (eager, and with --runs compile-bf16 under
+torch.compile), and stepscope with dtype=bfloat16 where this build supports it. Every torch child gets torch.set_num_threads(THREADS), OMP_NUM_THREADS
 and a caching allocator (tcmalloc via LD_PRELOAD, freed pages kept); stepscope gets
 num_threads=THREADS. Per run: median step time (step 0 left out), tokens/s, TFLOP/s by
 MaxText's count (per_device_tflops from stepscope's --dry-run), MFU against --peak (fp32) or
@@ -45,6 +45,8 @@ RUNS = {
     "compile": ("torch", "compile", "float32", "torch.compile"),
     "stepscope-bf16": ("stepscope", None, "bfloat16", "stepscope"),
     "eager-bf16": ("torch", "eager", "bfloat16", "torch eager autocast"),
+    # torch.compile of the same autocast step: the strongest bf16 PyTorch there is to compare with
+    "compile-bf16": ("torch", "compile", "bfloat16", "torch.compile autocast"),
 }
 DEFAULT_RUNS = "stepscope,eager,compile,stepscope-bf16,eager-bf16"
 

@@ -705,9 +705,11 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         if (write_profile(&l, peak, &pf, profile_err, sizeof profile_err) != 0) profile_failed = 1;
     }
     if (rc == LOOP_OK && g_signal) {
-        snprintf(err, errlen, "interrupted by %s after step %lld; metrics %s so far are written%s%s",
+        /* "and profile" only where one was written: a run without the profiler, or stopped before
+         * its window, has none to keep. */
+        snprintf(err, errlen, "interrupted by %s after step %lld; the metrics%s so far are written%s%s",
                  g_signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)last_completed,
-                 profile_failed ? "" : "and profile", profile_failed ? "; the profile could not be: " : "",
+                 pf.written ? " and profile" : "", profile_failed ? "; the profile could not be: " : "",
                  profile_failed ? profile_err : "");
         rc = 128 + g_signal;
     }

@@ -512,7 +512,9 @@ def test_sigterm_mid_profile_keeps_metrics_and_profile(tmp_path):
     rest, err = finish(p)
     out = "".join(seen) + rest
     assert p.returncode == 143, out + err
-    m = re.search(r"interrupted by SIGTERM after step (\d+)", one_line(err))
+    m = re.search(r"interrupted by SIGTERM after step (\d+); the metrics and profile so far are written",
+                  one_line(err))
+    assert m, err
     last = int(m.group(1))
     assert 2 <= last < 30
     d = tmp_path / "out" / RUN
