@@ -4,16 +4,17 @@
 For each config (model x batch x sequence) it runs, one process at a time and interleaved when
 --repeats > 1: stepscope (build/stepscope), the PyTorch reference tools/torch_qwen3.py in eager
 float32, under torch.compile, and with bf16 autocast (eager, and with --runs compile-bf16 under
-torch.compile), and stepscope with dtype=bfloat16 where this build supports it. Every torch child gets torch.set_num_threads(THREADS), OMP_NUM_THREADS
-and a caching allocator (tcmalloc via LD_PRELOAD, freed pages kept); stepscope gets
-num_threads=THREADS. Per run: median step time (step 0 left out), tokens/s, TFLOP/s by
-MaxText's count (per_device_tflops from stepscope's --dry-run), MFU against --peak (fp32) or
---bf16-peak, peak RSS (the child's ru_maxrss), and the CPU other processes took during the run
-(in cores; near 0 = the run had the machine), and what the cores' FMA units delivered around it
-(build/bench/fma_probe before and after, as a fraction of --peak: this VM's speed moves by a
-quarter or more within minutes, and a round run at 0.6 of the peak is slow for any engine), and
-what the memory bus delivered (build/bench/mem_probe before and after, GB/s: it moves apart from
-the FMA units, and an engine bound by memory traffic moves with it).
+torch.compile), and stepscope with dtype=bfloat16 where this build supports it. Every torch
+child gets torch.set_num_threads(THREADS), OMP_NUM_THREADS and a caching allocator (tcmalloc via
+LD_PRELOAD, freed pages kept); stepscope gets num_threads=THREADS. Per run: median step time
+(step 0 left out), tokens/s, TFLOP/s by MaxText's count (per_device_tflops from stepscope's
+--dry-run), MFU against --peak (fp32) or --bf16-peak, peak RSS (the child's ru_maxrss), and the
+CPU other processes took during the run (in cores; near 0 = the run had the machine), and what
+the cores' FMA units delivered around it (build/bench/fma_probe before and after, as a fraction
+of --peak: this VM's speed moves by a quarter or more within minutes, and a round run at 0.6 of
+the peak is slow for any engine), and what the memory bus delivered (build/bench/mem_probe
+before and after, GB/s: it moves apart from the FMA units, and an engine bound by memory traffic
+moves with it).
 Ratios: stepscope's tokens/s over each run's (of the medians, and round by round), and its peak
 RSS over theirs. Round by round also each speed-up's ceiling: their step over a step that does
 the counted FLOPs at 100% of the rate the cores' probe read in their dtype around their run (the
