@@ -13,13 +13,8 @@
 #include "dist/zero.h"
 #include "metrics/report.h"
 #include "plan/plan.h"
+#include "train/profile_files.h"
 #include "train/state.h"
-
-/* The profile's files, once written (written != 0). */
-typedef struct profile_files {
-    char dir[4096], xplane[4400], trace[4400], summary[4400];
-    int written;
-} profile_files_t;
 
 /* The checkpoints written so far. */
 typedef struct checkpoints_written {
