@@ -44,31 +44,30 @@ def build():
         sys.exit(f"bench: make failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
 
 
-def _probe(name, field, threads, seconds, *extra):
-    """The figure build/bench/<name> prints after `field` at the start of a line, or None where it
-    cannot run."""
+def _probe(name, fields, threads, seconds, *extra):
+    """The figures build/bench/<name> prints after each of `fields` at the start of a line (None
+    for one it did not print, all None where it cannot run), from one run of it."""
     r = subprocess.run([str(ROOT / "build" / "bench" / name), str(threads), str(seconds), *extra],
                        capture_output=True, text=True)
-    if r.returncode != 0:
-        return None
-    for line in r.stdout.splitlines():
-        fields = line.split()
-        if len(fields) >= 2 and fields[0] == field:
-            return float(fields[1])
-    return None
+    found = {}
+    for line in r.stdout.splitlines() if r.returncode == 0 else []:
+        words = line.split()
+        if len(words) >= 2 and words[0] in fields:
+            found[words[0]] = float(words[1])
+    return tuple(found.get(f) for f in fields)
 
 
 def fma_probe(threads, seconds=0.5):
     """TFLOP/s the cores' FMA units deliver right now (build/bench/fma_probe: stepscope's start-up
     probe, best of 5 rounds), or None where it cannot run. On a shared VM it moves by a quarter
     or more within minutes: logged beside each run, it tells a slow round from a slow engine."""
-    return _probe("fma_probe", "fma_probe_tflops", threads, seconds)
+    return _probe("fma_probe", ("fma_probe_tflops",), threads, seconds)[0]
 
 
-def bf16_probe(threads, seconds=0.5):
-    """TFLOP/s the cores' bf16 unit delivers right now (build/bench/fma_probe's bf16 line: the
-    probe a dtype=bfloat16 run starts with), or None where it cannot run."""
-    return _probe("fma_probe", "bf16_probe_tflops", threads, seconds, "bf16")
+def fma_and_bf16_probes(threads, seconds=0.5):
+    """(fma_probe's TFLOP/s, the bf16 unit's) right now, from one run of build/bench/fma_probe
+    with its bf16 line (the probe a dtype=bfloat16 run starts with); None where it cannot run."""
+    return _probe("fma_probe", ("fma_probe_tflops", "bf16_probe_tflops"), threads, seconds, "bf16")
 
 
 def mem_probe(threads, seconds=0.5):
@@ -76,7 +75,7 @@ def mem_probe(threads, seconds=0.5):
     with streaming stores and an in-place update over 256 MiB arrays, best of their rounds; a
     plain-store triad before 2026-12-07), or None where it cannot run. It moves with the VM's
     neighbours apart from the FMA probe, and bandwidth-bound engines move with it."""
-    return _probe("mem_probe", "mem_probe_gbs", threads, seconds)
+    return _probe("mem_probe", ("mem_probe_gbs",), threads, seconds)[0]
 
 
 def machine_probes(threads):

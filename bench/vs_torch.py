@@ -163,8 +163,11 @@ def main():
 
 def probes_now(threads, dtype):
     """(FMA probe, memory probe, the cores' rate in dtype) now, in TFLOP/s, GB/s, TFLOP/s."""
-    fma, mem = bl.machine_probes(threads)
-    return fma, mem, bl.bf16_probe(threads) if dtype == "bfloat16" else fma
+    if dtype != "bfloat16":
+        fma, mem = bl.machine_probes(threads)
+        return fma, mem, fma
+    fma, bf16 = bl.fma_and_bf16_probes(threads)
+    return fma, bl.mem_probe(threads), bf16
 
 
 def completed(r):
