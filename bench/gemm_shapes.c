@@ -6,7 +6,10 @@
  * ratio to the library gemm_library=auto would run otherwise (MKL on Intel, else oneDNN). All variants of a
  * shape run interleaved call by call, so a noisy neighbour hits them alike; each prints its
  * median of `reps` calls and % of the peak of its dtype given on the command line, then the
- * speed ratios, per shape once and weighted as often as a step runs each shape. Every operand's
+ * speed ratios, per shape once and weighted as often as a step runs each shape. On our kernel it
+ * also runs the forms that read the weights with them in fp32, rounded as they are packed
+ * (gemm_bf16_b32: what a bf16 run does without bf16_weight_copy), with their time over the bf16
+ * copy's ("W32/W16"; the weight gradient does not read the weights and runs as ours). Every operand's
  * rows are dense here; fp32 steps on AVX2 run qkv's and gate_up's activations at padded row
  * strides (qwen3_padded_width), which bench/row_strides measures against dense.
  *   build/bench/gemm_shapes [T=1024] [reps=5] [fp32_peak_gflops=446] [bf16_peak_gflops=892] [threads=2] */
@@ -44,8 +47,8 @@ int main(int argc, char **argv) {
     char err[256];
     /* Variants: fp32 onednn, fp32 mkl, bf16 onednn, bf16 mkl, bf16 on our blocked kernel
      * (bf16_blocked.h: what gemm_bf16 runs on AMX and AVX512-BF16 CPUs; the others have it off). */
-    enum { NVAR = 5 };
-    static const char *names[NVAR] = {"fp32 onednn", "fp32 mkl", "bf16 onednn", "bf16 mkl", "bf16 ours"};
+    enum { NVAR = 6 };
+    static const char *names[NVAR] = {"fp32 onednn", "fp32 mkl", "bf16 onednn", "bf16 mkl", "bf16 ours", "ours W32"};
     gemm_ctx_t *g[3] = {gemm_create(GEMM_LIB_ONEDNN, err, sizeof err), NULL, NULL};
     if (!g[0]) { fprintf(stderr, "%s\n", err); return 1; }
     g[1] = gemm_create(GEMM_LIB_MKL, err, sizeof err);
@@ -55,16 +58,16 @@ int main(int argc, char **argv) {
     if (!gemm_bf16_tiles(g[2])) printf("our bf16 kernel not measured: this CPU or build has neither AMX nor AVX512-BF16\n");
     /* the library gemm_library=auto runs where our kernel does not: MKL on Intel, else oneDNN */
     const int lib16_var = g[1] && __builtin_cpu_is("intel") ? 3 : 2;
-    gemm_ctx_t *ctx[NVAR] = {g[0], g[1], g[0], g[1], gemm_bf16_tiles(g[2]) ? g[2] : NULL};
+    gemm_ctx_t *ctx[NVAR] = {g[0], g[1], g[0], g[1], gemm_bf16_tiles(g[2]) ? g[2] : NULL, gemm_bf16_tiles(g[2]) ? g[2] : NULL};
     /* bf16 runs on every CPU: where it has no bf16 unit, widened to fp32 (gemm_widen.h). */
-    bool on[NVAR] = {true, g[1] != NULL, true, g[1] != NULL, ctx[4] != NULL};
+    bool on[NVAR] = {true, g[1] != NULL, true, g[1] != NULL, ctx[4] != NULL, ctx[5] != NULL};
     for (int k = 2; k < 4; k++)
         if (on[k]) printf("%s: %s\n", names[k], gemm_bf16_detail(ctx[k]));
     const int64_t chunks = (T + XC - 1) / XC;
     printf("qwen3-0.6b matmuls at T=%lld tokens (lm_head: chunk of %lld), %d threads, median of %d; GFLOP/s (%% of peak)\n",
            (long long)T, (long long)XC, threads, reps);
-    printf("%-14s %-16s %15s %15s %7s %15s %15s %15s %7s\n", "matmul", "form", names[0], names[1], "mkl/dnn", names[2],
-           names[3], names[4], "ours/lib");
+    printf("%-14s %-16s %15s %15s %7s %15s %15s %15s %7s %15s %7s\n", "matmul", "form", names[0], names[1], "mkl/dnn",
+           names[2], names[3], names[4], "ours/lib", names[5], "W32/W16");
     /* sum: each shape once per form; step: as often as a step runs it (28 layers, the head's chunks) */
     double sum[NVAR] = {0}, step[NVAR] = {0}, flops = 0, step_flops = 0;
     for (size_t l = 0; l < sizeof lin / sizeof lin[0]; l++) {
@@ -89,7 +92,8 @@ int main(int argc, char **argv) {
                     double t0 = bench_now();
                     switch (f) {
                     case 0:
-                        if (bf) gemm_bf16(c, false, true, t, out, in, x16, in, W16, in, y, out, false);
+                        if (k == 5) gemm_bf16_b32(c, false, true, t, out, in, x16, in, W, in, y, out, false);
+                        else if (bf) gemm_bf16(c, false, true, t, out, in, x16, in, W16, in, y, out, false);
                         else gemm_f32(c, false, true, t, out, in, x, in, W, in, y, out, false);
                         break;
                     case 1:
@@ -97,7 +101,8 @@ int main(int argc, char **argv) {
                         else gemm_f32(c, true, false, out, in, t, dy, out, x, in, dW, in, head);
                         break;
                     case 2:
-                        if (bf) gemm_bf16(c, false, false, t, in, out, dy16, out, W16, in, dx, in, false);
+                        if (k == 5) gemm_bf16_b32(c, false, false, t, in, out, dy16, out, W, in, dx, in, false);
+                        else if (bf) gemm_bf16(c, false, false, t, in, out, dy16, out, W16, in, dx, in, false);
                         else gemm_f32(c, false, false, t, in, out, dy, out, W, in, dx, in, false);
                         break;
                     }
@@ -119,12 +124,13 @@ int main(int argc, char **argv) {
                 double gf = flop / med[k] * 1e-9;
                 snprintf(cell[k], sizeof cell[k], "%.1f (%.0f%%)", gf, 100.0 * gf / (k >= 2 ? peak16 : peak32));
             }
-            char r32[16] = "-", r16[16] = "-";
+            char r32[16] = "-", r16[16] = "-", rw[16] = "-";
+            if (med[5] > 0 && med[4] > 0) snprintf(rw, sizeof rw, "%.3fx", med[5] / med[4]);
             if (med[1] > 0) snprintf(r32, sizeof r32, "%.2fx", med[0] / med[1]);
             double lib16 = med[lib16_var];
             if (med[4] > 0 && lib16 > 0) snprintf(r16, sizeof r16, "%.2fx", lib16 / med[4]);
-            printf("%-14s %-16s %15s %15s %7s %15s %15s %15s %7s\n", lin[l].name, forms[f], cell[0], cell[1], r32,
-                   cell[2], cell[3], cell[4], r16);
+            printf("%-14s %-16s %15s %15s %7s %15s %15s %15s %7s %15s %7s\n", lin[l].name, forms[f], cell[0], cell[1],
+                   r32, cell[2], cell[3], cell[4], r16, cell[5], rw);
             flops += flop;
             step_flops += (double)times * flop;
         }
@@ -145,6 +151,9 @@ int main(int argc, char **argv) {
     double lib16 = step[lib16_var];
     if (step[4] > 0 && lib16 > 0)
         printf("  bf16, a step's worth: our kernel %.2fx %s\n", lib16 / step[4], names[lib16_var] + 5);
+    if (step[5] > 0 && step[4] > 0)
+        printf("  bf16 on our kernel, a step's worth: weights from fp32 (rounded as packed) %.3fx the time from the "
+               "bf16 copy (%+.0f ms)\n", step[5] / step[4], (step[5] - step[4]) * 1e3);
     gemm_destroy(g[0]);
     gemm_destroy(g[1]);
     gemm_destroy(g[2]);

@@ -412,6 +412,111 @@ static void test_bf16_blocked_vs_naive(void **state) {
     gemm_destroy(g);
 }
 
+/* fp32 values whose rounding to bf16 has edges: ties both ways, values that carry into the
+ * exponent, subnormals (vcvtne2ps2bf16 flushes them; bf16_from_f32 keeps them), infinities and
+ * NaNs, among uniform ones. */
+static void fill_rounding_edges(float *f, int64_t n, test_rng_t *rng) {
+    static const uint32_t edges[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x00000001u, 0x807fffffu,
+                                     0x00400000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffa00000u, 0x80000000u};
+    fill_uniform(f, (size_t)n, rng, -2.0f, 2.0f);
+    for (int64_t i = 0; i < n; i += 7) memcpy(&f[i], &edges[(i / 7) % (int64_t)(sizeof edges / sizeof edges[0])], 4);
+}
+
+/* The packs from fp32 (amx_pack_bt_f32, amx_pack_b_f32) round each value as bf16_from_f32 does
+ * and lay it out as the packs from bf16 do: the same bytes as packing bf16_from_f32 of the same
+ * rows, over extents that are not multiples of 32 or 16 (zero padding) and row strides wider
+ * than the rows. */
+static void test_packs_from_fp32_are_packs_of_the_rounded(void **state) {
+    (void)state;
+    if (!amx_available() && !dpbf16_available()) {
+        printf("bf16 packs not tested: this CPU or build has neither AMX nor AVX512-BF16\n");
+        skip();
+    }
+    static const int64_t shapes[][2] = {{1, 1}, {16, 32}, {75, 90}, {33, 17}, {64, 1056}, {130, 31}};
+    test_rng_t rng = {11};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++)
+        for (int trans = 0; trans < 2; trans++) {
+            /* trans: src is [N rows, K columns]; else [K rows, N columns] */
+            const int64_t K = shapes[c][0], N = shapes[c][1], rows = trans ? N : K, cols = trans ? K : N, ld = cols + 3;
+            const size_t packed_elems = (size_t)(amx_round32(K) * amx_round32(N));
+            float *src = falloc((size_t)(rows * ld));
+            bf16_t *src16 = malloc((size_t)(rows * ld) * sizeof(bf16_t));
+            bf16_t *want = malloc(packed_elems * sizeof(bf16_t)), *got = malloc(packed_elems * sizeof(bf16_t));
+            fill_rounding_edges(src, rows * ld, &rng);
+            for (int64_t i = 0; i < rows * ld; i++) src16[i] = bf16_from_f32(src[i]);
+            memset(got, 0xa5, packed_elems * sizeof(bf16_t));
+            if (trans) {
+                amx_pack_bt(want, src16, ld, N, K);
+                amx_pack_bt_f32(got, src, ld, N, K);
+            } else {
+                amx_pack_b(want, src16, ld, K, N);
+                amx_pack_b_f32(got, src, ld, K, N);
+            }
+            if (memcmp(want, got, packed_elems * sizeof(bf16_t)))
+                fail_msg("amx_pack_b%s_f32 %ldx%ld differs from packing the rounded values", trans ? "t" : "",
+                         (long)K, (long)N);
+            free(src), free(src16), free(want), free(got);
+        }
+}
+
+/* gemm_bf16_b32 (B in fp32, rounded as it is packed) against gemm_bf16 over bf16(B): the same
+ * bits on our blocked kernel (gemm_library=auto, shapes of 32-multiples, B packed whole and in
+ * GotoBLAS blocks). Where the product goes to oneDNN in panels of rounded columns (auto with M
+ * off the 32-multiples, and gemm_library=onednn), over a K deep enough for 32-column panels
+ * (GEMM_B32_PANEL_ELEMS / 32 < K) and one split into several panels with a short last one, the
+ * products are the same but oneDNN may sum a narrower panel over K in another order (it did at
+ * 8 × 1100 × 8192): both are fp32 sums of K exact products, each within K·2⁻²⁴ of the exact
+ * relative Frobenius error, so they differ by at most twice that. C's row padding stays
+ * untouched. */
+static void test_gemm_bf16_b32_is_gemm_bf16_of_the_rounded(void **state) {
+    (void)state;
+    static const int64_t cases[][3] = {/* M, N, K */
+                                       {64, 96, 300},  {96, 1088, 40}, {24, 64, 80},
+                                       {32, 96, (GEMM_B32_PANEL_ELEMS / 32) + 8}, {8, 1100, GEMM_B32_PANEL_ELEMS / 512}};
+    test_rng_t rng = {12};
+    double worst = 0.0;
+    for (int lib = 0; lib < 2; lib++) {
+        char err[512] = "";
+        gemm_ctx_t *g = gemm_create(lib ? GEMM_LIB_ONEDNN : GEMM_LIB_AUTO, err, sizeof err);
+        if (!g) fail_msg("gemm_create: %s", err);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int64_t M = cases[c][0], N = cases[c][1], K = cases[c][2];
+                    if (K > 4096 && (acc || lib)) continue; /* the deep cases once each: their operands are large */
+                    const int64_t lda = K + 1, ldb = (tb ? K : N) + 2, ldc = N + 3, nb = (tb ? N : K) * ldb;
+                    float *A = falloc((size_t)(M * lda)), *B = falloc((size_t)nb);
+                    bf16_t *A16 = malloc((size_t)(M * lda) * sizeof(bf16_t)), *B16 = malloc((size_t)nb * sizeof(bf16_t));
+                    float *C[2] = {falloc((size_t)(M * ldc)), falloc((size_t)(M * ldc))};
+                    fill_bf16_exact(A, A16, M * lda, &rng);
+                    fill_uniform(B, (size_t)nb, &rng, -1.0f, 1.0f);
+                    for (int64_t i = 0; i < nb; i++) B16[i] = bf16_from_f32(B[i]);
+                    fill_const(C[0], (size_t)(M * ldc), SENTINEL);
+                    for (int64_t i = 0; i < M; i++) fill_uniform(C[0] + i * ldc, (size_t)N, &rng, -1.0f, 1.0f);
+                    memcpy(C[1], C[0], (size_t)(M * ldc) * sizeof(float));
+                    gemm_bf16(g, false, tb, M, N, K, A16, lda, B16, ldb, C[0], ldc, acc);
+                    gemm_bf16_b32(g, false, tb, M, N, K, A16, lda, B, ldb, C[1], ldc, acc);
+                    if (gemm_bf16_tiles(g) && bf16_blocked_fits(M, N, K)) {
+                        if (memcmp(C[0], C[1], (size_t)(M * ldc) * sizeof(float)))
+                            fail_msg("gemm_bf16_b32 (blocked) tb=%d acc=%d %ldx%ldx%ld differs from gemm_bf16 of the "
+                                     "rounded B", tb, acc, (long)M, (long)N, (long)K);
+                    } else {
+                        double e = rel_err_2d(C[1], ldc, C[0], ldc, M, N), bound = fmax(1e-6, 2.0 * (double)K * 0x1p-24);
+                        if (!(e <= bound))
+                            fail_msg("gemm_bf16_b32 (%s) tb=%d acc=%d %ldx%ldx%ld: rel err %.3e against gemm_bf16 of "
+                                     "the rounded B, over %.1e", gemm_library_name(g), tb, acc, (long)M, (long)N,
+                                     (long)K, e, bound);
+                        worst = e > worst ? e : worst;
+                    }
+                    if (!padding_intact(C[1], M, N, ldc, SENTINEL))
+                        fail_msg("gemm_bf16_b32 %ldx%ldx%ld wrote into C's padding", (long)M, (long)N, (long)K);
+                    free(A), free(B), free(A16), free(B16), free(C[0]), free(C[1]);
+                }
+        gemm_destroy(g);
+    }
+    printf("# gemm_bf16_b32 in oneDNN panels against gemm_bf16 of the rounded B: worst rel Frobenius %.2e\n", worst);
+}
+
 /* The weight gradients' sums of squares (bf16_blocked_gemm's tile_sumsq, gemm_bf16_sumsq): C
  * is the same to the bit as without them; each 8 × 32 tile's sum matches Σ C² over that tile in
  * double to 256 · 2⁻²⁴ ≈ 1.5e-5 relative (float sums of 256 positive terms; bound 2e-5); the
@@ -2135,6 +2240,8 @@ int main(void) {
         cmocka_unit_test(test_amx_gemm_vs_naive),
         cmocka_unit_test(test_dpbf16_gemm_vs_naive),
         cmocka_unit_test(test_bf16_blocked_vs_naive),
+        cmocka_unit_test(test_packs_from_fp32_are_packs_of_the_rounded),
+        cmocka_unit_test(test_gemm_bf16_b32_is_gemm_bf16_of_the_rounded),
         cmocka_unit_test(test_bf16_blocked_sums_of_squares),
         cmocka_unit_test(test_microgemm_vs_naive),
         cmocka_unit_test(test_rmsnorm_forward),

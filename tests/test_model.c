@@ -307,8 +307,9 @@ static void check_bf16_against_reference(const char *rows) {
     char err[256];
     assert_int_equal(plan_build(&f.plan, &f.cfg, 2, 1, err, sizeof err), 0);
     assert_true(f.plan.bf16);
-    assert_int_equal(f.plan.params_bf16_bytes, (uint64_t)f.plan.num_params * 2);
+    assert_int_equal(f.plan.params_bf16_bytes, 0); /* the matmuls round the fp32 weights as they pack them */
     assert_int_equal(train_state_create(&f.state, &f.cfg, &f.plan, NULL, NULL, err, sizeof err), 0);
+    assert_null(f.state.params_bf16);
     double loss = qwen3_forward_backward(f.state.model, f.tokens);
     double ref_loss = ref_scalar(&f, "loss", 0), loss_rel = fabs(loss - ref_loss) / ref_loss;
     double worst = worst_tensor_error(&f, "grad.", f.state.grads, 3e-2, NULL);
@@ -316,11 +317,6 @@ static void check_bf16_against_reference(const char *rows) {
            worst);
     assert_true(loss_rel < 2e-3);
     assert_true(worst < 3e-2);
-    /* The optimizer keeps the bf16 weight copy equal to bf16 of the fp32 master weights. */
-    step_result_t r;
-    train_step(&f.state, f.tokens, &r);
-    for (int64_t i = 0; i < f.plan.num_params; i++)
-        if (f.state.params_bf16[i] != bf16_from_f32(f.state.params[i])) fail_msg("bf16 copy stale at %lld", (long long)i);
     free_fixture(&f);
 }
 
@@ -336,7 +332,7 @@ static void test_bf16_against_reference(void **st) {
  * master weights rounded to bf16 first the loss and every gradient are the same bits. After one
  * step its bf16 weights are bf16 of the master weights' update (the moments start at zero and
  * the update uses their unrounded values). Its plan holds 2 bytes a parameter and the norm
- * weights in fp32 where the master and its copy take 6, and no bf16 copy. */
+ * weights in fp32 where the master weights take 4, and no bf16 copy. */
 static void test_bf16_weights_are_bf16_runs_on_rounded_weights(void **st) {
     (void)st;
     fixture_t f;
@@ -347,7 +343,8 @@ static void test_bf16_weights_are_bf16_runs_on_rounded_weights(void **st) {
     assert_int_equal(plan_build(&f.plan, &f.cfg, 2, 1, err, sizeof err), 0);
     assert_int_equal(train_state_create(&f.state, &f.cfg, &f.plan, NULL, NULL, err, sizeof err), 0);
     const int64_t n = f.plan.num_params;
-    for (int64_t i = 0; i < n; i++) f.state.params[i] = bf16_to_f32(f.state.params_bf16[i]);
+    bf16_t *rounded = malloc((size_t)n * sizeof(bf16_t));
+    for (int64_t i = 0; i < n; i++) f.state.params[i] = bf16_to_f32(rounded[i] = bf16_from_f32(f.state.params[i]));
     config_t cfg16 = f.cfg;
     cfg16.weight_dtype = DTYPE_BFLOAT16;
     plan_t plan16;
@@ -358,7 +355,7 @@ static void test_bf16_weights_are_bf16_runs_on_rounded_weights(void **st) {
     train_state_t s16;
     assert_int_equal(train_state_create(&s16, &cfg16, &plan16, NULL, NULL, err, sizeof err), 0);
     assert_null(s16.params);
-    assert_memory_equal(s16.params_bf16, f.state.params_bf16, (size_t)n * sizeof(bf16_t));
+    assert_memory_equal(s16.params_bf16, rounded, (size_t)n * sizeof(bf16_t));
     double loss = qwen3_forward_backward(f.state.model, f.tokens), loss16 = qwen3_forward_backward(s16.model, f.tokens);
     assert_true(loss == loss16);
     assert_memory_equal(f.state.grads, s16.grads, (size_t)n * sizeof(float));
@@ -366,7 +363,9 @@ static void test_bf16_weights_are_bf16_runs_on_rounded_weights(void **st) {
     train_step(&f.state, f.tokens, &r);
     train_step(&s16, f.tokens, &r16);
     assert_true(r.loss == r16.loss && r.raw_grad_norm == r16.raw_grad_norm);
-    assert_memory_equal(s16.params_bf16, f.state.params_bf16, (size_t)n * sizeof(bf16_t));
+    for (int64_t i = 0; i < n; i++) rounded[i] = bf16_from_f32(f.state.params[i]);
+    assert_memory_equal(s16.params_bf16, rounded, (size_t)n * sizeof(bf16_t));
+    free(rounded);
     /* The norm weights the kernels read follow the update. */
     float *vec = malloc((size_t)qwen3_vector_floats(&plan16.dims) * sizeof(float));
     qwen3_widen_vectors(vec, &plan16.dims, s16.params_bf16);
@@ -374,6 +373,54 @@ static void test_bf16_weights_are_bf16_runs_on_rounded_weights(void **st) {
     free(vec);
     train_state_destroy(&s16);
     free_fixture(&f);
+}
+
+/* dtype=bfloat16 with fp32 weights rounds them as the matmuls pack them (bf16_weight_copy=false,
+ * the default) where the copy's run reads the same bf16 values from its copy: the same loss,
+ * gradients and updated weights to the bit, over two steps, on our blocked kernel (the tiny
+ * model's T = 128 and widths are multiples of 32). On oneDNN, where the rounded weights go in
+ * panels of output columns, the bits held too for these shapes (deep narrow panels may be
+ * summed in another order: test_gemm_bf16_b32_is_gemm_bf16_of_the_rounded). The copy's plan
+ * holds 2 bytes a parameter more, and the update keeps the copy current. */
+static void test_bf16_weight_copy_changes_no_bit(void **st) {
+    (void)st;
+    for (int lib = 0; lib < 2; lib++) {
+        train_state_t s[2];
+        plan_t plan[2];
+        int32_t *tokens = NULL;
+        double loss[2];
+        for (int copy = 0; copy < 2; copy++) {
+            char *ov[] = {"model_name=tiny", "per_device_batch_size=2", "max_target_length=64", "profiler=",
+                          "dtype=bfloat16", copy ? "bf16_weight_copy=true" : "bf16_weight_copy=false",
+                          lib ? "gemm_library=onednn" : "gemm_library=auto"};
+            new_state(&s[copy], &plan[copy], 7, ov);
+            if (!tokens) {
+                const int64_t nt = plan[0].dims.B * (plan[0].dims.S + 1);
+                tokens = malloc((size_t)nt * sizeof(int32_t));
+                for (int64_t i = 0; i < nt; i++) tokens[i] = (int32_t)((i * 37 + 11) % plan[0].dims.V);
+            }
+            loss[copy] = qwen3_forward_backward(s[copy].model, tokens);
+        }
+        const int64_t n = plan[0].num_params;
+        assert_int_equal(plan[0].params_bf16_bytes, 0);
+        assert_null(s[0].params_bf16);
+        assert_int_equal(plan[1].params_bf16_bytes, (uint64_t)n * 2);
+        assert_int_equal(plan[1].total_bytes - plan[0].total_bytes, (uint64_t)n * 2);
+        if (!lib) printf("# bf16 products of the tiny model on %s\n", gemm_bf16_detail(s[0].gemm));
+        assert_true(loss[0] == loss[1]);
+        assert_memory_equal(s[0].grads, s[1].grads, (size_t)n * sizeof(float));
+        for (int step = 0; step < 2; step++) {
+            step_result_t r[2];
+            for (int copy = 0; copy < 2; copy++) train_step(&s[copy], tokens, &r[copy]);
+            assert_true(r[0].loss == r[1].loss && r[0].raw_grad_norm == r[1].raw_grad_norm);
+            assert_memory_equal(s[0].params, s[1].params, (size_t)n * sizeof(float));
+            for (int64_t i = 0; i < n; i++)
+                if (s[1].params_bf16[i] != bf16_from_f32(s[1].params[i])) fail_msg("bf16 copy stale at %lld", (long long)i);
+        }
+        free(tokens);
+        train_state_destroy(&s[0]);
+        train_state_destroy(&s[1]);
+    }
 }
 
 /* grad_sumsq_total: recorded ranges (given out of order, one at the buffer's end) stand for
@@ -724,6 +771,7 @@ int main(void) {
         cmocka_unit_test(test_save_load_round_trip),
         cmocka_unit_test(test_bf16_against_reference),
         cmocka_unit_test(test_bf16_weights_are_bf16_runs_on_rounded_weights),
+        cmocka_unit_test(test_bf16_weight_copy_changes_no_bit),
         cmocka_unit_test(test_grad_sumsq_total),
         cmocka_unit_test(test_bf16_grad_norm_from_products),
         cmocka_unit_test(test_bf16_loss_curve_tracks_fp32),

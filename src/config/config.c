@@ -553,6 +553,11 @@ static int check_cross(loader_t *L) {
         return fail(L, "weight_dtype=bfloat16 %s needs dtype=bfloat16 %s (the matmuls read the bf16 weights as they "
                        "are); set dtype=bfloat16, or weight_dtype=float32",
                     ORIGIN(weight_dtype), ORIGIN(dtype));
+    if (c->bf16_weight_copy && (c->dtype != DTYPE_BFLOAT16 || c->weight_dtype != DTYPE_FLOAT32))
+        return fail(L, "bf16_weight_copy=true %s copies fp32 weights for bf16 matmuls, but dtype=%s %s, weight_dtype=%s "
+                       "%s; set dtype=bfloat16 weight_dtype=float32, or bf16_weight_copy=false",
+                    ORIGIN(bf16_weight_copy), dtype_name(c->dtype), ORIGIN(dtype), dtype_name(c->weight_dtype),
+                    ORIGIN(weight_dtype));
     if (c->stochastic_rounding && c->weight_dtype != DTYPE_BFLOAT16)
         return fail(L, "stochastic_rounding=true %s rounds bf16 weights, but weight_dtype=%s %s keeps fp32 master "
                        "weights; set weight_dtype=bfloat16 dtype=bfloat16, or stochastic_rounding=false",

@@ -42,6 +42,7 @@ typedef struct config {
     dtype_t weight_dtype;      /* master weights and optimizer state */
     char mu_dtype[CONFIG_STR_MAX]; /* AdamW's m: "" (weight_dtype's), "float32"/"fp32", "bfloat16"/"bf16" */
     bool stochastic_rounding;  /* weight_dtype=bfloat16: the updated weights rounded stochastically */
+    bool bf16_weight_copy;     /* dtype=bfloat16 with fp32 weights: a bf16 copy for the matmuls (else rounded as packed) */
     int64_t init_weights_seed;
     /* optimizer */
     double learning_rate;

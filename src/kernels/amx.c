@@ -50,12 +50,6 @@ void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, co
     }
 }
 
-void amx_pack_b_f32(bf16_t *dst, const float *src, int64_t ld, int64_t K, int64_t N) {
-    const int64_t Kp = amx_round32(K), Np = amx_round32(N);
-    for (int64_t k = 0; k < Kp; k += 2)
-        amx_pack_b_f32_pair(dst, Kp, k, k < K ? src + k * ld : NULL, k + 1 < K ? src + (k + 1) * ld : NULL, N, Np);
-}
-
 /* The packers need AVX-512 only: the bf16 attention kernel also packs for vdpbf16ps
  * products (kernels/dpbf16.h) on CPUs without AMX. */
 #if defined(__AVX512BW__)
@@ -67,20 +61,42 @@ static inline __m512i load_row32(const bf16_t *p, int64_t n) {
     return n >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)((1ull << n) - 1), p);
 }
 
-/* Up to 32 columns (n) of the row pair (r0, r1) (NULL: a row of zeros) as (r0[c], r1[c])
- * words: columns 0-15 in *lo, 16-31 in *hi. Whole 64-byte lines are read, so a pack that walks
- * across rows reads each source line once. */
-static inline void pair_words32(const bf16_t *r0, const bf16_t *r1, int64_t n, __m512i *lo, __m512i *hi) {
+/* Up to 32 fp32 values from p (n of them; the rest, and a NULL p, zero), rounded to bf16 as
+ * bf16_from_f32 rounds them, in order: what load_row32 reads from the bf16 copy of those values. */
+static inline __m512i load_row32_f32(const float *p, int64_t n) {
+    if (!p || n <= 0) return _mm512_setzero_si512();
+#if defined(__AVX512BF16__)
+    __m512 lo = n >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+    __m512 hi = n >= 32   ? _mm512_loadu_ps(p + 16)
+                : n > 16 ? _mm512_maskz_loadu_ps((__mmask16)((1u << (n - 16)) - 1), p + 16)
+                         : _mm512_setzero_ps();
+    return bf16x32_from_ps(lo, hi);
+#else
+    bf16_t row[32] = {0};
+    for (int64_t i = 0; i < n && i < 32; i++) row[i] = bf16_from_f32(p[i]);
+    return _mm512_loadu_si512(row);
+#endif
+}
+
+/* 32 columns of a row pair (a, b), loaded, as (a[c], b[c]) words: columns 0-15 in *lo, 16-31
+ * in *hi. pair_words32 loads up to 32 columns (n) of rows r0, r1 (NULL: a row of zeros) for it:
+ * whole 64-byte lines, so a pack that walks across rows reads each source line once. */
+static inline void pair_words32_of(__m512i a, __m512i b, __m512i *lo, __m512i *hi) {
     static const int16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     static const int16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
                                        24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-    __m512i a = load_row32(r0, n), b = load_row32(r1, n);
     *lo = _mm512_permutex2var_epi16(a, _mm512_loadu_si512(lo_idx), b);
     *hi = _mm512_permutex2var_epi16(a, _mm512_loadu_si512(hi_idx), b);
 }
+static inline void pair_words32(const bf16_t *r0, const bf16_t *r1, int64_t n, __m512i *lo, __m512i *hi) {
+    pair_words32_of(load_row32(r0, n), load_row32(r1, n), lo, hi);
+}
 
-void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t K) {
+/* amx_pack_bt from bf16 rows (src16) or from fp32 rows rounded on the way (src32, where src16
+ * is NULL): inlined into each, so the row loader is a constant in both. */
+static inline __attribute__((always_inline)) void pack_bt(bf16_t *dst, const bf16_t *src16, const float *src32,
+                                                          int64_t ld, int64_t N, int64_t K) {
     const int64_t Kp = amx_round32(K), Np = amx_round32(N), panel = Kp / 2 * 32;
     /* Source row n holds the 16 (k, k+1) pairs of column n in order: 16 rows make a 16 × 16
      * block of 32-bit words, and its transpose is one packed tile. */
@@ -92,16 +108,35 @@ void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t 
              * 16 rows a whole weight row apart waited there. In six pairs of profiled 28-layer
              * qwen3-0.6b bf16 runs alternated with and without it (Zen 5, 2026-12-06) the forward
              * products ran 1.00-1.04x and the step 1.001-1.022x, every pair in favour, most in
-             * the VM's slower memory phase. */
-            for (int c = 0; c < 16 && n0 + 16 + c < N; c++)
-                _mm_prefetch((const char *)(src + (n0 + 16 + c) * ld + k0), _MM_HINT_T0);
-            for (int c = 0; c < 16; c++) w[c] = load_row32(n0 + c < N ? src + (n0 + c) * ld + k0 : NULL, K - k0);
+             * the VM's slower memory phase. From fp32, 128 bytes a row: both lines. */
+            for (int c = 0; c < 16 && n0 + 16 + c < N; c++) {
+                if (src16) {
+                    _mm_prefetch((const char *)(src16 + (n0 + 16 + c) * ld + k0), _MM_HINT_T0);
+                } else {
+                    _mm_prefetch((const char *)(src32 + (n0 + 16 + c) * ld + k0), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(src32 + (n0 + 16 + c) * ld + k0 + 16), _MM_HINT_T0);
+                }
+            }
+            for (int c = 0; c < 16; c++) {
+                bool in = n0 + c < N;
+                w[c] = src16 ? load_row32(in ? src16 + (n0 + c) * ld + k0 : NULL, K - k0)
+                             : load_row32_f32(in ? src32 + (n0 + c) * ld + k0 : NULL, K - k0);
+            }
             transpose16x16_epi32(w);
             for (int j = 0; j < 16; j++) _mm512_storeu_si512(dst + (n0 / 16) * panel + k0 / 2 * 32 + j * 32, w[j]);
         }
 }
 
-void amx_pack_b(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t K, int64_t N) {
+void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t K) { pack_bt(dst, src, NULL, ld, N, K); }
+
+void amx_pack_bt_f32(bf16_t *dst, const float *src, int64_t ld, int64_t N, int64_t K) {
+    pack_bt(dst, NULL, src, ld, N, K);
+}
+
+/* amx_pack_b from bf16 rows (src16) or from fp32 rows rounded on the way (src32, where src16
+ * is NULL), as pack_bt. */
+static inline __attribute__((always_inline)) void pack_b(bf16_t *dst, const bf16_t *src16, const float *src32,
+                                                         int64_t ld, int64_t K, int64_t N) {
     const int64_t Kp = amx_round32(K), Np = amx_round32(N), panel = Kp / 2 * 32;
     /* Row pairs interleaved, 32 source rows at a time across the whole block, then the next 32:
      * walking down all of K one 64-byte column at a time touched rows 8-12 KiB apart that share
@@ -115,12 +150,22 @@ void amx_pack_b(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t K, int64_t N
         for (int64_t n0 = 0; n0 < Np; n0 += 32)
             for (int64_t k = k0; k < k0 + ROWS && k < Kp; k += 2) {
                 __m512i lo, hi;
-                pair_words32(k < K ? src + k * ld + n0 : NULL, k + 1 < K ? src + (k + 1) * ld + n0 : NULL, N - n0, &lo,
-                             &hi);
+                if (src16)
+                    pair_words32(k < K ? src16 + k * ld + n0 : NULL, k + 1 < K ? src16 + (k + 1) * ld + n0 : NULL,
+                                 N - n0, &lo, &hi);
+                else
+                    pair_words32_of(load_row32_f32(k < K ? src32 + k * ld + n0 : NULL, N - n0),
+                                    load_row32_f32(k + 1 < K ? src32 + (k + 1) * ld + n0 : NULL, N - n0), &lo, &hi);
                 bf16_t *row = dst + (n0 / 16) * panel + k / 2 * 32;
                 _mm512_storeu_si512(row, lo);
                 _mm512_storeu_si512(row + panel, hi);
             }
+}
+
+void amx_pack_b(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t K, int64_t N) { pack_b(dst, src, NULL, ld, K, N); }
+
+void amx_pack_b_f32(bf16_t *dst, const float *src, int64_t ld, int64_t K, int64_t N) {
+    pack_b(dst, NULL, src, ld, K, N);
 }
 
 void amx_pack_a(bf16_t *dst, bool trans, const bf16_t *A, int64_t lda, int64_t M, int64_t K) {
@@ -163,6 +208,16 @@ void amx_pack_bt(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t N, int64_t 
 }
 
 void amx_pack_b(bf16_t *dst, const bf16_t *src, int64_t ld, int64_t K, int64_t N) {
+    (void)dst, (void)src, (void)ld, (void)K, (void)N;
+    __builtin_trap();
+}
+
+void amx_pack_bt_f32(bf16_t *dst, const float *src, int64_t ld, int64_t N, int64_t K) {
+    (void)dst, (void)src, (void)ld, (void)N, (void)K;
+    __builtin_trap();
+}
+
+void amx_pack_b_f32(bf16_t *dst, const float *src, int64_t ld, int64_t K, int64_t N) {
     (void)dst, (void)src, (void)ld, (void)K, (void)N;
     __builtin_trap();
 }

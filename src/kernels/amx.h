@@ -51,6 +51,11 @@ void amx_pack_b_f32(bf16_t *dst, const float *src, int64_t ld, int64_t K, int64_
 void amx_pack_b_f32_pair(bf16_t *dst, int64_t Kp, int64_t k, const float *r0, const float *r1, int64_t N,
                          int64_t Np);
 
+/* amx_pack_bt from fp32, rounding to bf16 (nearest even, as bf16_from_f32) on the way: src is
+ * [N rows, K columns]; the same bits as amx_pack_bt of the rounded rows. For weights kept in
+ * fp32 only, which the products round as they pack them (gemm_bf16_b32). */
+void amx_pack_bt_f32(bf16_t *dst, const float *src, int64_t ld, int64_t N, int64_t K);
+
 /* Loads the tile configuration every kernel here uses: all eight tiles 16 rows × 64 bytes
  * (bf16 A and B tiles of 16 × 32, fp32 C tiles of 16 × 16), on the calling thread;
  * _tile_release() gives the state back. Requires amx_available(). */

@@ -107,10 +107,24 @@ static int64_t k_slice(bool amx, int64_t c_elems, int64_t K, bool a_direct) {
     return amx && c_elems > ((int64_t)8 << 20) ? KC : 512;
 }
 
-/* K rows [0, kw) and columns [0, nw) of op(B), packed with K extent amx_round32(kw). */
-static void pack_b(bf16_t *dst, bool trans, const bf16_t *B, int64_t ldb, int64_t nw, int64_t kw) {
-    if (trans) amx_pack_bt(dst, B, ldb, nw, kw);
-    else amx_pack_b(dst, B, ldb, kw, nw);
+/* B in bf16, or in fp32 (where b16 is NULL) rounded to bf16 as it is packed: the same packed
+ * bits as from bf16(B). */
+typedef struct {
+    const bf16_t *b16;
+    const float *f32;
+    int64_t ld;
+} b_operand_t;
+
+/* K rows [k0, k0 + kw) and columns [n0, n0 + nw) of op(B), packed with K extent amx_round32(kw). */
+static void pack_b(bf16_t *dst, bool trans, const b_operand_t *B, int64_t k0, int64_t n0, int64_t nw, int64_t kw) {
+    const int64_t at = trans ? n0 * B->ld + k0 : k0 * B->ld + n0;
+    if (B->b16) {
+        if (trans) amx_pack_bt(dst, B->b16 + at, B->ld, nw, kw);
+        else amx_pack_b(dst, B->b16 + at, B->ld, kw, nw);
+    } else {
+        if (trans) amx_pack_bt_f32(dst, B->f32 + at, B->ld, nw, kw);
+        else amx_pack_b_f32(dst, B->f32 + at, B->ld, kw, nw);
+    }
 }
 
 /* Whether tiles of A are loaded straight from it: row-major, with K blocks of whole tiles (a
@@ -139,7 +153,7 @@ static blocking_t blocking_of(bool trans_a, int64_t M, int64_t N, int64_t K, int
 /* C's rows [m_lo, m_hi) and columns [n_lo, n_hi) on the calling thread, as bk says (from the
  * whole product); no operand is packed twice (see the block extents above). */
 static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, int64_t n_lo, int64_t n_hi, int64_t K,
-                      const blocking_t *bk, const bf16_t *A, int64_t lda, const bf16_t *B, int64_t ldb, float *C,
+                      const blocking_t *bk, const bf16_t *A, int64_t lda, const b_operand_t *B, float *C,
                       int64_t ldc, bool accumulate, bf16_t *work, float *tile_sumsq, int64_t sums_ld) {
     const int64_t whole = whole_elems();
     bf16_t *full = work, *blk = work + whole;
@@ -157,11 +171,11 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
         /* the sums of squares come from the last slice's tiles, which store C's final values */
         float *sums = tile_sumsq && kc + kw >= K ? tile_sumsq : NULL;
         if (a_whole) amx_pack_a(Ap, trans_a, trans_a ? A + kc * lda + m_lo : A + m_lo * lda + kc, lda, mt, kw);
-        if (b_whole) pack_b(Bp, trans_b, trans_b ? B + n_lo * ldb + kc : B + kc * ldb + n_lo, ldb, nt, kw);
+        if (b_whole) pack_b(Bp, trans_b, B, kc, n_lo, nt, kw);
         if (!a_direct && !a_whole && !b_whole) { /* neither fits whole: GotoBLAS blocks */
             for (int64_t nc = n_lo; nc < n_hi; nc += NC) {
                 int64_t nw = min64(NC, n_hi - nc);
-                pack_b(full, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw);
+                pack_b(full, trans_b, B, kc, nc, nw, kw);
                 for (int64_t mc = m_lo; mc < m_hi; mc += MC) {
                     int64_t mw = min64(MC, m_hi - mc);
                     amx_pack_a(blk, trans_a, trans_a ? A + kc * lda + mc : A + mc * lda + kc, lda, mw, kw);
@@ -181,7 +195,7 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
                                         : amx_a_packed(a_whole ? Ap + ((mc - m_lo) / 32) * (kwp / 32) * 1024 : Ap, kwp);
             for (int64_t nc = n_lo; nc < n_hi; nc += nc_step) {
                 int64_t nw = min64(nc_step, n_hi - nc);
-                if (!b_whole) pack_b(Bp, trans_b, trans_b ? B + nc * ldb + kc : B + kc * ldb + nc, ldb, nw, kw);
+                if (!b_whole) pack_b(Bp, trans_b, B, kc, nc, nw, kw);
                 block_product(amx, C + mc * ldc + nc, ldc, at, b_whole ? Bp + (nc - n_lo) / 16 * panel : Bp, kwp, mw,
                               nw, kwp, load_c, sums_at(sums, sums_ld, mc, nc), sums_ld);
             }
@@ -190,9 +204,9 @@ static void gemm_part(bool trans_a, bool trans_b, int64_t m_lo, int64_t m_hi, in
     if (amx) amx_release_tiles();
 }
 
-void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
-                       const bf16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
-                       int threads, float *tile_sumsq) {
+static void blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
+                         const b_operand_t *B, float *C, int64_t ldc, bool accumulate, bf16_t *workspace, int threads,
+                         float *tile_sumsq) {
     if (K <= 0) {
         if (!accumulate)
             for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
@@ -205,6 +219,8 @@ void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
      * in one fixed order, so the thread count does not change a bit. */
     const blocking_t bk = blocking_of(trans_a, M, N, K, lda);
     const double a_cost = bk.a_direct ? 0.0 : (double)M * (double)K * (trans_a ? 3 : 1);
+    /* (from fp32 the pack reads twice the bytes; the split is left as from bf16, so that the same
+     * products run the same way either way) */
     const double b_cost = (double)N * (double)K * (trans_b ? 3 : 1);
     const bool split_n = M / 32 < threads || (N / 32 >= threads && a_cost <= b_cost);
     const int64_t blocks = (split_n ? N : M) / 32;
@@ -214,9 +230,23 @@ void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
         int64_t lo = blocks * t / nt * 32, hi = blocks * (t + 1) / nt * 32;
         if (hi > lo)
             gemm_part(trans_a, trans_b, split_n ? 0 : lo, split_n ? M : hi, split_n ? lo : 0, split_n ? hi : N, K,
-                      &bk, A, lda, B, ldb, C, ldc, accumulate, workspace + t * bf16_blocked_workspace_elems(),
+                      &bk, A, lda, B, C, ldc, accumulate, workspace + t * bf16_blocked_workspace_elems(),
                       tile_sumsq, N / 32);
     }
+}
+
+void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
+                       const bf16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
+                       int threads, float *tile_sumsq) {
+    const b_operand_t b = {.b16 = B, .ld = ldb};
+    blocked_gemm(trans_a, trans_b, M, N, K, A, lda, &b, C, ldc, accumulate, workspace, threads, tile_sumsq);
+}
+
+void bf16_blocked_gemm_b32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
+                           const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
+                           int threads) {
+    const b_operand_t b = {.f32 = B, .ld = ldb};
+    blocked_gemm(trans_a, trans_b, M, N, K, A, lda, &b, C, ldc, accumulate, workspace, threads, NULL);
 }
 #else
 void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
@@ -226,6 +256,14 @@ void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
      * without AVX-512. */
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C;
     (void)ldc, (void)accumulate, (void)workspace, (void)threads, (void)tile_sumsq;
+    __builtin_trap();
+}
+
+void bf16_blocked_gemm_b32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
+                           const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
+                           int threads) {
+    (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C;
+    (void)ldc, (void)accumulate, (void)workspace, (void)threads;
     __builtin_trap();
 }
 #endif

@@ -47,6 +47,12 @@ void bf16_blocked_gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
                        const bf16_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
                        int threads, float *tile_sumsq);
 
+/* bf16_blocked_gemm with B in fp32, rounded to bf16 (nearest even) as it is packed: the same bits
+ * as bf16_blocked_gemm over bf16(B), without a bf16 copy of B (weights kept in fp32 only). */
+void bf16_blocked_gemm_b32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const bf16_t *A, int64_t lda,
+                           const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate, bf16_t *workspace,
+                           int threads);
+
 /* Whether bf16_blocked_gemm takes tile_sumsq on this CPU and build (dot products, no AMX). */
 bool bf16_blocked_sums_squares(void);
 

@@ -84,6 +84,17 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
                const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
                float *C, int64_t ldc, bool accumulate);
 
+/* gemm_bf16 with B in fp32, rounded to bf16 (nearest even) on the way: the products of
+ * gemm_bf16 over bf16(B), for weights kept in fp32 only (a bf16 run's master weights, with no
+ * bf16 copy of them). Where our blocked kernel takes the product it rounds B as it packs it, so C
+ * has the same bits as gemm_bf16's over a rounded copy; elsewhere (the libraries, shapes it does
+ * not take) B is rounded into this context's scratch a panel of C's columns at a time (up to
+ * GEMM_B32_PANEL_ELEMS values, or 32 columns where K is deeper), each panel one gemm_bf16. */
+enum { GEMM_B32_PANEL_ELEMS = 4 << 20 };
+void gemm_bf16_b32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                   const uint16_t *A, int64_t lda, const float *B, int64_t ldb,
+                   float *C, int64_t ldc, bool accumulate);
+
 /* gemm_bf16 that also gives Σ C² over the C it writes (with accumulate, of C's final values:
  * the last of several passes that add into a gradient), for a gradient norm without a pass over
  * the gradient: where the products run on our blocked kernel's AVX512-BF16 tiles, each 8 × 32

@@ -44,6 +44,8 @@ struct gemm_ctx {
     bool bf16_widens;      /* no library runs bf16 products here: gemm_widen.h does */
     float *widen_work;     /* its scratch, GEMM_WIDEN_FLOATS */
     float *ksplit_work;    /* run_panels' second K half, KSPLIT_FLOATS */
+    bf16_t *b32_work;      /* gemm_bf16_b32's rounded panel of B, b32_work_elems values */
+    int64_t b32_work_elems;
     char detail[600], bf16_detail[400];
 };
 
@@ -168,8 +170,12 @@ const char *gemm_bf16_detail(const gemm_ctx_t *g) { return g->bf16_detail; }
  * (gemm_widen.h): oneDNN without AVX512. */
 static bool f32_stages(const gemm_ctx_t *g) { return !g->mkl && !g->avx512; }
 
+static bool b32_work_for(gemm_ctx_t *g, int64_t elems);
+
 bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16) {
     bool tiles = !bf16 || !g->bf16_tiles || tile_work_for(g, threads);
+    /* gemm_bf16_b32's panels, where a library runs some bf16 products (a deeper K grows them) */
+    if (bf16 && (!g->bf16_tiles || amx_available()) && !b32_work_for(g, GEMM_B32_PANEL_ELEMS)) return false;
     /* fp32 on the gemm driver (and bf16 widened into it) may split over K: see run_panels */
     bool panels = (g->mkl && !g->mkl_panels) || ksplit_work_ready(g);
     return tiles && panels && (!(bf16 ? g->bf16_widens : f32_stages(g)) || widen_work_ready(g));
@@ -198,6 +204,7 @@ void gemm_destroy(gemm_ctx_t *g) {
     free(g->tile_work);
     free(g->widen_work);
     free(g->ksplit_work);
+    free(g->b32_work);
     dnnl_stream_destroy(g->stream);
     dnnl_engine_destroy(g->engine);
     free(g);
@@ -566,6 +573,50 @@ void gemm_bf16(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, 
         return;
     }
     run(g, &key, A, B, C);
+}
+
+/* Columns of C per panel of gemm_bf16_b32 (a multiple of 32 short of N), and the panel's
+ * values: GEMM_B32_PANEL_ELEMS or fewer, except 32 columns of a K deeper than that allows. */
+static int64_t b32_panel_cols(int64_t N, int64_t K) {
+    int64_t cols = K > 0 ? GEMM_B32_PANEL_ELEMS / K / 32 * 32 : N;
+    if (cols < 32) cols = 32;
+    return cols < N ? cols : N;
+}
+
+static bool b32_work_for(gemm_ctx_t *g, int64_t elems) {
+    if (elems <= g->b32_work_elems) return true;
+    free(g->b32_work);
+    g->b32_work = aligned_alloc(64, ((size_t)elems * sizeof(bf16_t) + 63) / 64 * 64);
+    g->b32_work_elems = g->b32_work ? elems : 0;
+    if (g->b32_work) memset(g->b32_work, 0, (size_t)elems * sizeof(bf16_t));
+    return g->b32_work != NULL;
+}
+
+void gemm_bf16_b32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                   const uint16_t *A, int64_t lda, const float *B, int64_t ldb,
+                   float *C, int64_t ldc, bool accumulate) {
+    if (blocked_takes(g, M, N, K)) {
+        int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+        if (!tile_work_for(g, threads)) {
+            fprintf(stderr, "stepscope: out of memory for %d threads' bf16 packing space\n", threads);
+            abort();
+        }
+        bf16_blocked_gemm_b32(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads);
+        return;
+    }
+    const int64_t step = b32_panel_cols(N, K);
+    if (!b32_work_for(g, step * (K > 0 ? K : 1))) {
+        fprintf(stderr, "stepscope: out of memory for a %lld x %lld bf16 panel of a product's weights\n",
+                (long long)step, (long long)K);
+        abort();
+    }
+    for (int64_t n0 = 0; n0 < N; n0 += step) {
+        const int64_t nw = N - n0 < step ? N - n0 : step;
+        /* op(B)'s columns [n0, n0 + nw): rows of a stored Bᵀ, or a column block of B */
+        if (trans_b) bf16_from_f32_rows(g->b32_work, K, B + n0 * ldb, ldb, nw, K);
+        else bf16_from_f32_rows(g->b32_work, nw, B + n0, ldb, K, nw);
+        gemm_bf16(g, trans_a, trans_b, M, nw, K, A, lda, g->b32_work, trans_b ? K : nw, C + n0, ldc, accumulate);
+    }
 }
 
 int64_t gemm_sumsq_floats(int64_t M, int64_t N) { return (M / DPBF16_TILE_ROWS) * (N / 32); }

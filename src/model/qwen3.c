@@ -360,7 +360,8 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
         !(m->names.layer_bwd = calloc((size_t)d->L, sizeof(uint32_t))) ||
         (opt->weights_bf16 ? qwen3_params_view_vectors(&m->w, d, params) : qwen3_params_view(&m->w, d, params)) != 0 ||
         qwen3_params_view(&m->dw, d, grads) != 0 ||
-        /* fp32 runs: a view of NULL weights, which their matmuls do not read */
+        /* fp32 runs, and bf16 ones without a copy: a view of NULL weights, which their matmuls
+         * do not read (gemm_weight16 rounds the fp32 ones as it packs them) */
         (params_bf16 ? qwen3_params16_view(&m->w16, d, params_bf16) != 0
                      : !(m->w16.layers = calloc((size_t)d->L, sizeof *m->w16.layers))) ||
         !grad_sumsq_init(&m->sumsq, (int)(4 * d->L))) { /* a layer's four weight-gradient products */
@@ -372,8 +373,8 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     m->opt = *opt;
     m->gemm = gemm;
     m->trace = opt->trace;
-    if ((opt->bf16 && !params_bf16) || (opt->weights_bf16 && !opt->bf16)) {
-        snprintf(err, errlen, "internal error: a bf16 model needs its bf16 weights, and bf16 weights bf16 matmuls");
+    if ((opt->weights_bf16 && (!opt->bf16 || !params_bf16)) || (!opt->bf16 && params_bf16)) {
+        snprintf(err, errlen, "internal error: bf16 weights need bf16 matmuls, and a bf16 weight copy a bf16 run");
         qwen3_destroy(m);
         return NULL;
     }
@@ -498,12 +499,24 @@ static double embed_bytes(const qwen3_dims_t *d, int row_size, bool backward) {
 
 static int64_t ld16(const qwen3_model_t *m, int64_t cols) { return ld16_for(gemm_bf16_tiles(m->gemm), cols); }
 
-/* A matmul's weight: fp32 runs read f32, bf16 runs b16 (f32 is NULL with weight_dtype=bfloat16). */
+/* A matmul's weight: fp32 runs read f32, bf16 runs b16 where it is kept (f32 is NULL with
+ * weight_dtype=bfloat16), else f32 rounded as the product packs it (gemm_weight16). */
 typedef struct weight {
     const float *f32;
     const bf16_t *b16;
 } weight_t;
 #define LAYER_WEIGHT(m, l, field) ((weight_t){(m)->w.layers[l].field, (m)->w16.layers[l].field})
+
+/* Bytes a bf16 product reads a weight element in. */
+static int weight16_bytes(weight_t W) { return W.b16 ? BF16_BYTES : F32_BYTES; }
+
+/* bf16 runs: C[M, N] (=) A · op(W), with A bf16 and W's bf16 values: from its bf16 copy where the
+ * run keeps one, else from the fp32 weights rounded as the product packs them (the same values). */
+static void gemm_weight16(qwen3_model_t *m, bool trans_w, int64_t M, int64_t N, int64_t K, const bf16_t *A,
+                          int64_t lda, weight_t W, int64_t ldw, float *C, int64_t ldc, bool accumulate) {
+    if (W.b16) gemm_bf16(m->gemm, false, trans_w, M, N, K, A, lda, W.b16, ldw, C, ldc, accumulate);
+    else gemm_bf16_b32(m->gemm, false, trans_w, M, N, K, A, lda, W.f32, ldw, C, ldc, accumulate);
+}
 
 /* src [T, cols] (rows ld_src apart) into bf16 rows ld16(m, cols) apart: a matmul input in
  * s.in16 or s.dy16. */
@@ -516,8 +529,8 @@ static void to_bf16_rows(qwen3_model_t *m, bf16_t *dst, const float *src, int64_
  * producer (layer_norm_for_matmul, swiglu_for_matmul) or by to_bf16. */
 static void linear_fwd_in16(qwen3_model_t *m, int op, float *y, int64_t ld_y, weight_t W, int64_t T, int64_t out,
                             int64_t in, bool accumulate) {
-    SPAN(m, m->names.fwd[op], linear_flops(T, out, in), matmul_bytes(T, out, in, BF16_BYTES, BF16_BYTES, accumulate),
-         gemm_bf16(m->gemm, false, true, T, out, in, m->s.in16, ld16(m, in), W.b16, in, y, ld_y, accumulate));
+    SPAN(m, m->names.fwd[op], linear_flops(T, out, in), matmul_bytes(T, out, in, BF16_BYTES, weight16_bytes(W), accumulate),
+         gemm_weight16(m, true, T, out, in, m->s.in16, ld16(m, in), W, in, y, ld_y, accumulate));
 }
 
 /* y[T, out] (rows ld_y apart) (= or +=) x[T, in] (rows ld_x apart) · W[out, in]ᵀ */
@@ -549,8 +562,8 @@ static void linear_bwd_16(qwen3_model_t *m, int op, float *dx, int64_t ld_dx, fl
                       m->grads_accumulate);
     });
     if (summed) grad_sumsq_add(&m->sumsq, dW - m->dw.embed, out * in, sumsq); /* the embedding heads the buffer */
-    SPAN(m, m->names.bwd[op], linear_flops(T, in, out), matmul_bytes(T, in, out, BF16_BYTES, BF16_BYTES, false),
-         gemm_bf16(m->gemm, false, false, T, in, out, m->s.dy16, ld16(m, out), W.b16, in, dx, ld_dx, false));
+    SPAN(m, m->names.bwd[op], linear_flops(T, in, out), matmul_bytes(T, in, out, BF16_BYTES, weight16_bytes(W), false),
+         gemm_weight16(m, false, T, in, out, m->s.dy16, ld16(m, out), W, in, dx, ld_dx, false));
 }
 
 /* bf16 runs: linear_bwd with x already in s.in16. */
@@ -785,6 +798,7 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
     layer_norm_for_matmul(m, OP_FINAL_NORM, s->rstd_final, x, m->w.final_norm); /* bf16: all T rows in s.in16 */
     double loss_sum = 0.0;
     float grad_scale = 1.0f / (float)T;
+    const weight_t head = {m->w.lm_head, m->w16.lm_head};
     for (int64_t t0 = 0; t0 < T; t0 += C) {
         int64_t n = T - t0 < C ? T - t0 : C;
         for (int64_t i = 0; i < n; i++) {
@@ -794,8 +808,8 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
         const float *h = s->ln + t0 * m->ld_d;
         const bf16_t *h16 = s->in16 + t0 * ld16(m, d->D);
         if (m->opt.bf16) {
-            SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D), matmul_bytes(n, d->V, d->D, BF16_BYTES, BF16_BYTES, false),
-                 gemm_bf16(m->gemm, false, true, n, d->V, d->D, h16, ld16(m, d->D), m->w16.lm_head, d->D, s->logits, d->V, false));
+            SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D), matmul_bytes(n, d->V, d->D, BF16_BYTES, weight16_bytes(head), false),
+                 gemm_weight16(m, true, n, d->V, d->D, h16, ld16(m, d->D), head, d->D, s->logits, d->V, false));
         } else {
             SPAN(m, m->names.fwd[OP_LM_HEAD], linear_flops(n, d->V, d->D), matmul_bytes(n, d->V, d->D, F32_BYTES, F32_BYTES, false),
                  gemm_f32(m->gemm, false, true, n, d->V, d->D, h, m->ld_d, m->w.lm_head, d->D, s->logits, d->V, false));
@@ -815,8 +829,8 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
                  matmul_bytes(d->V, d->D, n, BF16_BYTES, BF16_BYTES, t0 > 0 || m->grads_accumulate),
                  gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, ld16(m, d->D), m->dw.lm_head, d->D,
                            t0 > 0 || m->grads_accumulate));
-            SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V), matmul_bytes(n, d->D, d->V, BF16_BYTES, BF16_BYTES, false),
-                 gemm_bf16(m->gemm, false, false, n, d->D, d->V, s->dy16, d->V, m->w16.lm_head, d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
+            SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V), matmul_bytes(n, d->D, d->V, BF16_BYTES, weight16_bytes(head), false),
+                 gemm_weight16(m, false, n, d->D, d->V, s->dy16, d->V, head, d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
             continue;
         }
         SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),

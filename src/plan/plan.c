@@ -111,7 +111,7 @@ int plan_build(plan_t *p, const config_t *cfg, int num_threads, int num_ranks, c
     p->optimizer_bytes = plan_optimizer_layout(p->shard_params, p->mu_bf16, p->weights_bf16).bytes;
     p->activations_bytes = (uint64_t)qwen3_saved_activation_floats(d, p->remat) * f;
     p->scratch_bytes = (uint64_t)qwen3_scratch_floats(d, num_threads, p->xent_chunk, p->bf16, p->remat) * f;
-    p->params_bf16_bytes = p->bf16 && !p->weights_bf16 ? n * sizeof(bf16_t) : 0;
+    p->params_bf16_bytes = p->bf16 && !p->weights_bf16 && cfg->bf16_weight_copy ? n * sizeof(bf16_t) : 0;
     p->arena_bytes = p->params_bytes + p->params_bf16_bytes + p->grads_bytes + p->optimizer_bytes +
                      p->activations_bytes + p->scratch_bytes;
     p->data_bytes = data_ring_bytes(cfg->prefetch_depth, d->B * p->micro_batches, d->S) +
@@ -148,10 +148,16 @@ int plan_check_memory(const plan_t *p, const config_t *cfg, char *err, size_t er
     /* mu_dtype=bfloat16 is named where it alone would make the plan fit. */
     uint64_t mu_saving =
         p->mu_bf16 ? 0 : p->optimizer_bytes - plan_optimizer_layout(p->shard_params, true, p->weights_bf16).bytes;
-    char mu_hint[320] = "";
+    char mu_hint[480] = "";
     if (mu_saving > 0 && p->total_bytes - mu_saving <= avail)
         snprintf(mu_hint, sizeof mu_hint, ", or set mu_dtype=bfloat16 (AdamW's first moment in bf16: %.2f GiB less)",
                  (double)mu_saving / gib);
+    if (p->params_bf16_bytes > 0 && p->total_bytes - p->params_bf16_bytes <= avail) {
+        size_t used = strlen(mu_hint);
+        snprintf(mu_hint + used, sizeof mu_hint - used,
+                 ", or set bf16_weight_copy=false (the matmuls round the fp32 weights as they pack them: %.2f GiB less)",
+                 (double)p->params_bf16_bytes / gib);
+    }
     /* weight_dtype=bfloat16 (with dtype=bfloat16) likewise, where it alone would fit: the plan of
      * the same config so. */
     plan_t w16;

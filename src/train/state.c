@@ -152,7 +152,7 @@ void train_state_destroy(train_state_t *s) {
 
 /* The bytes the update must move for n parameters: the weights and both moments read and
  * written in the dtypes they are held in, the gradient read, and the bf16 copy of fp32 master
- * weights written (bf16 runs): 30 bytes a parameter in bf16 runs with fp32 state. */
+ * weights written (bf16_weight_copy): 30 bytes a parameter with it and fp32 state, else 28. */
 static double update_bytes(const train_state_t *s, int64_t n) {
     double p = s->plan.weights_bf16 ? 2 : 4, m = (s->adam_m16 ? 2 : 4), v = s->plan.weights_bf16 ? 2 : 4;
     double copy = !s->plan.weights_bf16 && s->params_bf16 ? 2 : 0;
@@ -207,7 +207,8 @@ void train_step(train_state_t *s, const int32_t *tokens, step_result_t *out) {
     qwen3_zero_accumulated_grads(s->model);
     if (s->zero) {
         zero_gather_params(s->zero);
-        /* The update wrote the bf16 copy of this rank's shard only; the rest came in fp32. */
+        /* bf16_weight_copy: the update wrote the copy of this rank's shard only; the rest came
+         * in fp32. (Without the copy the matmuls round the gathered fp32 weights as they pack.) */
         if (s->params && s->params_bf16) {
             int64_t total = s->plan.num_params, hi = s->shard_lo + n;
             bf16_from_f32_array(s->params_bf16, s->params, s->shard_lo);

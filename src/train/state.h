@@ -28,9 +28,9 @@ typedef struct train_state {
     float *adam_v, *adam_m; /* adam_m NULL where m is held in bf16 (mu_dtype=bfloat16), adam_v with v16 */
     bf16_t *adam_m16;       /* mu_dtype=bfloat16: m; NULL otherwise */
     bf16_t *adam_v16;       /* weight_dtype=bfloat16: v; NULL otherwise */
-    /* dtype=bfloat16: bf16(params) for the matmuls; with weight_dtype=bfloat16 the parameters
+    /* bf16_weight_copy: bf16(params) for the matmuls; with weight_dtype=bfloat16 the parameters
      * themselves (params is NULL, and vectors32 holds the norm weights widened for their
-     * kernels); NULL in fp32 runs. */
+     * kernels); NULL otherwise (fp32 runs, and bf16 ones whose matmuls round the fp32 weights). */
     bf16_t *params_bf16;
     float *vectors32;
     /* This rank's optimizer shard: parameters [shard_lo, shard_lo + shard_n), their reduced

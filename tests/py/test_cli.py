@@ -205,13 +205,17 @@ def test_dry_run_untied_adds_lm_head(tmp_path):
 
 
 def test_bfloat16_plan_and_run(tmp_path):
-    # the plan adds the matmuls' bf16 weight copy (2 bytes a parameter) and keeps fp32 master
-    # weights, gradients and optimizer state
+    # the plan keeps fp32 master weights, gradients and optimizer state; the matmuls round the
+    # weights as they pack them, and bf16_weight_copy=true adds a bf16 copy (2 bytes a parameter)
+    # for them instead
+    copy = parse_plan(stepscope(tmp_path, "model_name=tiny", "dtype=bfloat16", "bf16_weight_copy=true",
+                                "--dry-run").stdout)
     r = stepscope(tmp_path, "model_name=tiny", "dtype=bfloat16", "--dry-run")
     assert r.returncode == 0, r.stderr
     plan = parse_plan(r.stdout)
     assert plan["dtype"].startswith("bfloat16")
-    assert int(plan["memory_bf16_weights_bytes"]) == 2 * 90496
+    assert int(plan["memory_bf16_weights_bytes"]) == 0 and int(copy["memory_bf16_weights_bytes"]) == 2 * 90496
+    assert int(copy["memory_total_bytes"]) - int(plan["memory_total_bytes"]) == 2 * 90496
     assert int(plan["memory_parameters_bytes"]) == 4 * 90496
     parts = ["memory_parameters_bytes", "memory_bf16_weights_bytes", "memory_gradients_bytes",
              "memory_optimizer_state_bytes", "memory_saved_activations_bytes", "memory_scratch_bytes",
@@ -1168,18 +1172,23 @@ def check_xprof_op_tables(raw_to_tool_data, path, events, summ):
 KERNEL_CATS = {"matmul", "attention", "norm", "rope", "swiglu", "xent", "embed", "optimizer", "elementwise"}
 
 
-@pytest.mark.parametrize("dtype,weights,per_param", [("float32", "float32", 28), ("bfloat16", "float32", 30),
-                                                     ("bfloat16", "bfloat16", 16)])
-def test_profile_counts_each_kernels_bytes(tmp_path, dtype, weights, per_param):
+@pytest.mark.parametrize("dtype,weights,copy,per_param", [("float32", "float32", False, 28),
+                                                          ("bfloat16", "float32", False, 28),
+                                                          ("bfloat16", "float32", True, 30),
+                                                          ("bfloat16", "bfloat16", False, 16)])
+def test_profile_counts_each_kernels_bytes(tmp_path, dtype, weights, copy, per_param):
     """Every kernel span carries the bytes it must move (XProf's bytes_accessed): each matmul its
-    operands in their dtype and its fp32 result, the update its state in the dtypes held (fp32:
-    p, m, v read and written and g read, 28 bytes a parameter; bf16 matmuls add the bf16 copy's
-    write, 30; bf16 weights hold p, m and v in bf16, 16), the gradient norm what it reads. The op
-    summary gives each row's GB/s and its share of the bandwidth given or probed."""
+    operands in the dtypes it reads them in (a bf16 run's activations in bf16, its fp32 weights in
+    fp32 where it rounds them as it packs them, in bf16 from bf16_weight_copy's copy or bf16
+    weights) and its fp32 result, the update its state in the dtypes held (fp32: p, m, v read and
+    written and g read, 28 bytes a parameter; bf16_weight_copy adds the copy's write, 30; bf16
+    weights hold p, m and v in bf16, 16), the gradient norm what it reads. The op summary gives
+    each row's GB/s and its share of the bandwidth given or probed."""
     given = dtype == "bfloat16"   # the fp32 run probes the bus itself
     r = stepscope(tmp_path, "model_name=tiny", f"device_peak_tflops={PEAK}", "machine_probe=false", f"run_name={RUN}",
                   "steps=2", f"dtype={dtype}", f"weight_dtype={weights}", "profiler=xplane",
-                  "skip_first_n_steps_for_profiler=1", "profiler_steps=1", *(["device_peak_gb_per_s=50"] if given else []))
+                  "skip_first_n_steps_for_profiler=1", "profiler_steps=1", *(["device_peak_gb_per_s=50"] if given else []),
+                  *(["bf16_weight_copy=true"] if copy else []))
     assert r.returncode == 0, r.stdout + r.stderr
     n = int(re.search(r"^stepscope: tiny, (\d+) parameters", r.stdout, re.M).group(1))
     if given:
@@ -1196,14 +1205,15 @@ def test_profile_counts_each_kernels_bytes(tmp_path, dtype, weights, per_param):
     assert {e["cat"] for e in kernels} >= KERNEL_CATS - {"rope"}     # rope runs fused with qk-norm here
     for e in kernels:
         assert e.get("args", {}).get("bytes_accessed", 0) > 0, e
-    a = 2 if dtype == "bfloat16" else 4      # the matmuls' operands; results are fp32
+    a = 2 if dtype == "bfloat16" else 4      # the matmuls' activations; results are fp32
+    w = 2 if copy or weights == "bfloat16" else 4  # their weights, as read
     for e in (e for e in kernels if e["cat"] == "matmul"):
         kind, shape = re.search(r" (fwd|dgrad|wgrad) \[(\d+)x(\d+)x(\d+)\]$", e["name"]).group(1, 2), None
         T, O, I = map(int, re.search(r"\[(\d+)x(\d+)x(\d+)\]$", e["name"]).groups())
-        operands, result = {"fwd": (T * I + I * O, T * O), "dgrad": (T * O + O * I, T * I),
-                            "wgrad": (O * T + T * I, O * I)}[kind[0]]
+        operands, result = {"fwd": (a * T * I + w * I * O, T * O), "dgrad": (a * T * O + w * O * I, T * I),
+                            "wgrad": (a * (O * T + T * I), O * I)}[kind[0]]
         # written, or read and written where the product adds onto its output
-        assert e["args"]["bytes_accessed"] in (a * operands + 4 * result, a * operands + 8 * result), e
+        assert e["args"]["bytes_accessed"] in (operands + 4 * result, operands + 8 * result), e
     # tiny: T = 2 x 256 tokens, d = 64, 4 query heads and 2 KV heads of 16; attention reads q, k, v
     # and writes its output and a log-sum-exp a head and row (backward: dO, O, q, k, v, lse in;
     # dq, dk, dv out); a layer norm reads x and its weight, writes its output (bf16 for a bf16
@@ -1240,13 +1250,13 @@ def test_profile_counts_each_kernels_bytes(tmp_path, dtype, weights, per_param):
     assert re.search(r"^category\s+part\s+calls\s+total ms.*p10-p90 GFLOP/s\s+GB/s\s+%bw$", r.stdout, re.M)
     assert re.search(r"^optimizer\s.*\s\d+\.\d\s+\d+%$", r.stdout, re.M)
     assert re.search(r"memory bandwidth \d+\.\d GB/s$", r.stdout, re.M)
-    # XProf's memory profile: this dtype's plan (bf16 runs add the bf16 weights' line)
+    # XProf's memory profile: this dtype's plan (bf16_weight_copy adds the bf16 weights' line)
     try:
         from xprof.convert import raw_to_tool_data
     except Exception as e:
         pytest.skip(f"xprof not importable: {e!r}")
     check_xprof_memory_profile(raw_to_tool_data, str(next(prof.glob("*.xplane.pb"))), tmp_path, "model_name=tiny",
-                               f"dtype={dtype}", f"weight_dtype={weights}")
+                               f"dtype={dtype}", f"weight_dtype={weights}", *(["bf16_weight_copy=true"] if copy else []))
 
 
 def test_profile_names_what_ran_between_steps(tmp_path):
@@ -1662,7 +1672,8 @@ def test_weight_dtype_bfloat16(tmp_path):
     rounding of each update is 2^-9 of a weight at most; measured 1.03e-3 at most, 2026-12-07) and
     fall as theirs do. Checkpoints hold BF16 parameters and moments; a checkpoint of fp32 master
     weights resumes with bf16 ones (rounded) and back (widened). dtype=float32 is refused."""
-    plan32 = parse_plan(stepscope(tmp_path, *FAST, "dtype=bfloat16", "mu_dtype=bfloat16", "--dry-run").stdout)
+    plan32 = parse_plan(stepscope(tmp_path, *FAST, "dtype=bfloat16", "mu_dtype=bfloat16", "bf16_weight_copy=true",
+                                  "--dry-run").stdout)
     r = stepscope(tmp_path, *FAST, "dtype=bfloat16", "weight_dtype=bfloat16", "--dry-run")
     assert r.returncode == 0, r.stderr
     plan = parse_plan(r.stdout)

@@ -128,14 +128,18 @@ def test_ranks_reproduce_one_process(tmp_path, ranks, per_rank, mesh):
     assert summ["learning/final_loss"] == metrics(tmp_path, "many")[-1]["learning/loss"]
 
 
-def test_bf16_ranks_reproduce_one_process(tmp_path):
-    # dtype=bfloat16 keeps a bf16 copy of the weights for the matmuls: each rank updates the copy
-    # of its own shard and converts the gathered rest, so every rank multiplies with the same
+@pytest.mark.parametrize("copy", ["false", "true"])
+def test_bf16_ranks_reproduce_one_process(tmp_path, copy):
+    # dtype=bfloat16 rounds the gathered fp32 weights as its matmuls pack them; with
+    # bf16_weight_copy=true it keeps a bf16 copy for them instead: each rank updates the copy of
+    # its own shard and converts the gathered rest, so every rank multiplies with the same
     # weights. A stale copy would show at step 1 (order-1 loss difference); what is left is the
     # reduction order's ~1e-7 in the fp32 master weights, which can flip a bf16 rounding now and
     # then: bound 1e-4 relative.
-    single(tmp_path, *FAST, "steps=5", "per_device_batch_size=4", "dtype=bfloat16", "run_name=one")
-    r = mpirun(tmp_path, 2, *FAST, "steps=5", "per_device_batch_size=2", "dtype=bfloat16", "run_name=many")
+    single(tmp_path, *FAST, "steps=5", "per_device_batch_size=4", "dtype=bfloat16", f"bf16_weight_copy={copy}",
+           "run_name=one")
+    r = mpirun(tmp_path, 2, *FAST, "steps=5", "per_device_batch_size=2", "dtype=bfloat16", f"bf16_weight_copy={copy}",
+               "run_name=many")
     assert r.returncode == 0, r.stdout + r.stderr
     one, many = metrics(tmp_path, "one"), metrics(tmp_path, "many")
     assert len(one) == len(many) == 5
