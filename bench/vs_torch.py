@@ -224,11 +224,14 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
     for b, s in configs:
         plan = plans[(b, s)]["float32"]
         tflop = float(plan["per_device_tflops"])
-        plan_gib = int(plan["memory_total_bytes"]) / bl.GIB
         sums = {run: summarise(results[((b, s), run)]) for run in runs if ((b, s), run) in results}
+        # each dtype's own plan (a bf16 run's differs: it had been read against fp32's until 2026-12-07)
+        plan_of = lambda dtype: plans[(b, s)].get(dtype, plan)
+        dtypes = sorted({RUNS[run][2] for run in sums if RUNS[run][0] == "stepscope"}, reverse=True) or ["float32"]
+        plan_text = ", ".join(f"{bl.gib(int(plan_of(d)['memory_total_bytes']))} GiB ({d})" for d in dtypes)
         print(f"\n{a.model}, batch {b} x {s} tokens, {a.threads} threads, {tflop:.4f} TFLOP per step "
               f"(MaxText's count); MFU of {a.peak} TFLOP/s (float32) or {bf16_peak:g} (bfloat16); "
-              f"stepscope's memory plan {bl.gib(int(plan['memory_total_bytes']))} GiB")
+              f"stepscope's memory plan {plan_text}")
         rows, notes, by_round = [], [], []
         for run in runs:
             sm = sums.get(run)
@@ -276,7 +279,8 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
                            "mem_probe_gbs": sm["mem_gbs"], "step_s_by_round": sm["by_round"],
                            "speedup_by_round": ratios, "rate_tflops_by_round": sm["rate_by_round"],
                            "ceiling_by_round": ceiling,
-                           "first_losses": sm["loss"], "plan_bytes": int(plan["memory_total_bytes"]),
+                           "first_losses": sm["loss"], "plan_bytes": int(plan_of(dtype)["memory_total_bytes"]),
+                           "plan_dtype": dtype,
                            "commands": sm["cmds"]})
         print(bl.table(["run", "dtype", "median s", "tokens/s", "TFLOP/s", "MFU", "peak RSS GiB",
                         "others' CPU", "FMA probe/peak", "memory GB/s", "stepscope speed-up", "RSS ours/theirs", "steps x reps"],
@@ -287,10 +291,12 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
             print("stepscope speed-up round by round (each round runs every engine back to back; ceiling: the "
                   "speed-up a step at 100% of the cores' probed rate in that round would have had):")
             print("\n".join(by_round))
-        ss = sums.get("stepscope")
-        if ss and "error" not in ss:
-            print(f"stepscope peak RSS {bl.gib(ss['peak_rss'])} GiB = {ss['peak_rss'] / bl.GIB / plan_gib:.3f} "
-                  f"x its plan ({bl.gib(int(plan['memory_total_bytes']))} GiB)")
+        for run in ("stepscope", "stepscope-bf16"):
+            ss, dtype = sums.get(run), RUNS[run][2]
+            if ss and "error" not in ss:
+                planned = int(plan_of(dtype)["memory_total_bytes"])
+                print(f"stepscope {dtype} peak RSS {bl.gib(ss['peak_rss'])} GiB = {ss['peak_rss'] / planned:.3f} "
+                      f"x its plan ({bl.gib(planned)} GiB)")
     print("\nspeed-up = run's median step time / stepscope's (same dtype; '(fp32)' where stepscope has no bf16); "
           "> 1 means stepscope is faster. others' CPU: cores that other processes used during the run "
           "(timings with > 0.1 are suspect). FMA probe/peak: median over the run's rounds of build/bench/fma_probe "
@@ -321,9 +327,10 @@ def markdown_table(report):
             speed = "—"
             if engine == "stepscope":
                 name, median = f"**{label}**", f"**{r['median_step_s']:.3f} s**"
-                if r["run"] == "stepscope":
+                # (a bf16 row's plan_bytes before plan_dtype was recorded is the fp32 plan's)
+                if r["run"] == "stepscope" or r.get("plan_dtype") == dtype:
                     rss += f" ({r['peak_rss_bytes'] / r['plan_bytes']:.3f}× the plan)"
-                else:
+                if r["run"] != "stepscope":
                     fp32 = ours.get("float32")
                     if fp32:
                         ratios = round_ratios(fp32["step_s_by_round"], r["step_s_by_round"])

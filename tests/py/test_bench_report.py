@@ -21,7 +21,8 @@ def run_result(step_s, rc=0, mem_gbs=80.0, rate_tflops=None):
 
 def report_of(results, runs, tflop="4.0225"):
     """vs_torch's report of made-up results for config (1, 1024), and what it printed."""
-    plans = {(1, 1024): {"float32": {"per_device_tflops": tflop, "memory_total_bytes": str(11 * GIB)}}}
+    plans = {(1, 1024): {"float32": {"per_device_tflops": tflop, "memory_total_bytes": str(11 * GIB)},
+                         "bfloat16": {"per_device_tflops": tflop, "memory_total_bytes": str(10 * GIB)}}}
     a = types.SimpleNamespace(model="qwen3-0.6b", threads=2, peak=0.446)
     return vs_torch.print_tables(a, [(1, 1024)], runs, results, plans, 0.892)
 
@@ -94,6 +95,15 @@ def test_markdown_table_carries_the_printed_figures(capsys):
     assert fp32 == ("| **stepscope** | fp32 | 9.000, 10.000, 9.500 s | **9.500 s** | 107.8 | 94.9% | "
                     "12.00 GiB (1.091× the plan) | — |")
     assert bf16.endswith("| **2.00× its fp32**; 2.00, 2.00, 2.00 |") and "4.500, 5.000, 4.750 s" in bf16
+    # each dtype against its own plan (bf16's had been read against fp32's): 12/10
+    assert "| 12.00 GiB (1.200× the plan) |" in bf16
+    assert [(r["run"], r["plan_bytes"], r["plan_dtype"]) for r in report if r["run"].startswith("stepscope")] == [
+        ("stepscope", 11 * GIB, "float32"), ("stepscope-bf16", 10 * GIB, "bfloat16")]
+    # a bf16 row saved before plan_dtype was recorded holds fp32's plan: no ratio is printed from it
+    old = [dict(r) for r in report]
+    for r in old:
+        r.pop("plan_dtype")
+    assert "× the plan" not in vs_torch.markdown_table(old).splitlines()[3]
     # theirs: median of 9.0 and 9.5 over ours 4.75; rounds 0 and 2 only
     assert torch.startswith("| torch eager autocast | bf16 | 9.000, -, 9.500 s | 9.250 s |")
     assert torch.endswith("| **1.95×**; 2.00, 2.00 |")
