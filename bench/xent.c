@@ -54,9 +54,9 @@ int main(int argc, char **argv) {
         double t2 = omp_get_wtime();
         fill(logits, (int64_t)n);
         double t3 = omp_get_wtime();
-        xent_forward_backward_bf16(logits, dy16, rows, loss, lse, targets, C, V, 1.0f / (float)C, 0.0f);
+        xent_forward_backward_bf16(logits, dy16, V, rows, loss, lse, targets, C, V, 1.0f / (float)C, 0.0f);
         double t4 = omp_get_wtime();
-        xent_forward_backward_bf16(logits, dy16 + 1, rows, loss, lse, targets, C, V, 1.0f / (float)C, 0.0f);
+        xent_forward_backward_bf16(logits, dy16 + 1, V, rows, loss, lse, targets, C, V, 1.0f / (float)C, 0.0f);
         double t5 = omp_get_wtime();
         if (r >= 0) t_f32[r] = t1 - t0, t_two[r] = t2 - t0, t_fused[r] = t4 - t3, t_plain[r] = t5 - t4;
     }

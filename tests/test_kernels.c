@@ -1521,8 +1521,10 @@ static void test_xent_vs_double(void **state) {
 }
 
 /* The bf16 run's variant against rounding the fp32 kernel's gradient: the same bits, the same
- * loss and lse, and the logits left as they were. V = 37 (a scalar tail, the target in it) and
- * Qwen3's vocabulary (the target in the last 512-wide piece and in the first), with z-loss. */
+ * loss and lse, and the logits left as they were; and written over the logits themselves (row r
+ * over the first half of row r, as the model runs it), the same bits again. V = 37 (a scalar
+ * tail, the target in it) and Qwen3's vocabulary (the target in the last 512-wide piece and in
+ * the first), with z-loss. */
 static void test_xent_bf16_matches_rounded(void **state) {
     (void)state;
     test_rng_t rng = {52};
@@ -1540,11 +1542,17 @@ static void test_xent_bf16_matches_rounded(void **state) {
         memcpy(g, l, n * sizeof(float));
         xent_forward_backward(g, loss, lse, tgt, C, V, 0.25f, 1e-4f);
         for (size_t i = 0; i < n; i++) want[i] = bf16_from_f32(g[i]);
-        xent_forward_backward_bf16(l, got, rows, loss16, lse16, tgt, C, V, 0.25f, 1e-4f);
+        xent_forward_backward_bf16(l, got, V, rows, loss16, lse16, tgt, C, V, 0.25f, 1e-4f);
         assert_memory_equal(got, want, n * sizeof(bf16_t));
         assert_memory_equal(l, kept, n * sizeof(float));
         assert_memory_equal(loss16, loss, sizeof loss);
         assert_memory_equal(lse16, lse, sizeof lse);
+        bf16_t *over = (bf16_t *)l;
+        xent_forward_backward_bf16(l, over, 2 * V, rows, loss16, lse16, tgt, C, V, 0.25f, 1e-4f);
+        for (int64_t r = 0; r < C; r++)
+            if (memcmp(over + r * 2 * V, want + r * V, (size_t)V * sizeof(bf16_t)))
+                fail_msg("xent_forward_backward_bf16 over its logits: row %ld differs (V=%ld)", (long)r, (long)V);
+        assert_memory_equal(loss16, loss, sizeof loss);
         free(l), free(kept), free(g), free(rows), free(want), free(got);
     }
 }

@@ -66,9 +66,9 @@ void xent_forward_backward(float *logits, float *row_loss, float *row_lse, const
     }
 }
 
-void xent_forward_backward_bf16(const float *logits, bf16_t *dlogits, float *row_scratch, float *row_loss,
-                                float *row_lse, const int32_t *targets, int64_t C, int64_t V, float grad_scale,
-                                float z_loss) {
+void xent_forward_backward_bf16(const float *logits, bf16_t *dlogits, int64_t ld_dlogits, float *row_scratch,
+                                float *row_loss, float *row_lse, const int32_t *targets, int64_t C, int64_t V,
+                                float grad_scale, float z_loss) {
     enum { PIECE = 512 };
 #pragma omp parallel
     {
@@ -83,7 +83,7 @@ void xent_forward_backward_bf16(const float *logits, bf16_t *dlogits, float *row
 #pragma omp simd
                 for (int64_t i = 0; i < n; i++) g[i] = e[i0 + i] * coef;
                 if (tgt >= i0 && tgt < i0 + n) g[tgt - i0] -= grad_scale;
-                bf16_from_f32_block_streamed(dlogits + r * V + i0, g, n);
+                bf16_from_f32_block_streamed(dlogits + r * ld_dlogits + i0, g, n);
             }
         }
         _mm_sfence(); /* on every thread that streamed, before the region's closing barrier */

@@ -164,12 +164,12 @@ static int64_t ld16_for(bool pad, int64_t cols) { return pad && cols % 1024 == 0
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* Floats that hold the bf16 conversion buffers: the largest x and dy any matmul takes. */
-static void bf16_scratch_sizes(const qwen3_dims_t *d, int64_t chunk, int64_t *in16, int64_t *dy16) {
+static void bf16_scratch_sizes(const qwen3_dims_t *d, int64_t *in16, int64_t *dy16) {
     int64_t T = d->B * d->S, QKV = (d->H + 2 * d->KV) * d->HD, HHD = d->H * d->HD;
     int64_t x_cols = max64(ld16_for(true, d->D), max64(ld16_for(true, HHD), ld16_for(true, d->F)));
     int64_t dy_cols = max64(ld16_for(true, QKV), max64(ld16_for(true, 2 * d->F), ld16_for(true, d->D)));
+    /* (the LM head's bf16 gradient goes over its chunk's logits: head_forward_backward) */
     int64_t in = T * x_cols, dy = T * dy_cols;
-    if (chunk * d->V > dy) dy = chunk * d->V;
     *in16 = (in + 1) / 2;
     *dy16 = (dy + 1) / 2;
 }
@@ -200,7 +200,7 @@ static int64_t scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads
     s->attention = carve(&c, bf16 ? attention_bf16_scratch_floats(&a, num_threads) : attention_scratch_floats(&a, num_threads));
     if (bf16) {
         int64_t in16, dy16;
-        bf16_scratch_sizes(d, chunk, &in16, &dy16);
+        bf16_scratch_sizes(d, &in16, &dy16);
         s->in16 = (bf16_t *)carve(&c, in16);
         /* On a 64-byte line: the LM head's logit gradients are written there with streaming stores. */
         float *dy16_space = carve(&c, dy16 + 16);
@@ -799,6 +799,11 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
     double loss_sum = 0.0;
     float grad_scale = 1.0f / (float)T;
     const weight_t head = {m->w.lm_head, m->w16.lm_head};
+    /* bf16: the chunk's gradient, rounded, over the first half of each row of its logits, which
+     * the cross-entropy has read by then: no [C, V] buffer of its own (155 MB at qwen3-0.6b's
+     * 512-token chunks). Its products read it at that stride. */
+    bf16_t *dlogits16 = (bf16_t *)s->logits;
+    const int64_t ld_dlogits16 = 2 * d->V;
     for (int64_t t0 = 0; t0 < T; t0 += C) {
         int64_t n = T - t0 < C ? T - t0 : C;
         for (int64_t i = 0; i < n; i++) {
@@ -816,8 +821,8 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
         }
         if (m->opt.bf16 && with_grad) /* the gradient straight into the products' bf16 dy */
             SPAN(m, m->names.fwd[OP_XENT], 0, xent_bytes(n, d->V, BF16_BYTES),
-                 xent_forward_backward_bf16(s->logits, s->dy16, s->xent_rows, s->row_loss, s->row_lse, s->targets, n,
-                                            d->V, grad_scale, m->opt.z_loss));
+                 xent_forward_backward_bf16(s->logits, dlogits16, ld_dlogits16, s->xent_rows, s->row_loss, s->row_lse,
+                                            s->targets, n, d->V, grad_scale, m->opt.z_loss));
         else
             SPAN(m, m->names.fwd[OP_XENT], 0, xent_bytes(n, d->V, F32_BYTES),
                  xent_forward_backward(s->logits, s->row_loss, s->row_lse, s->targets, n, d->V, grad_scale,
@@ -827,10 +832,11 @@ static double head_forward_backward(qwen3_model_t *m, bool with_grad) {
         if (m->opt.bf16) {
             SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
                  matmul_bytes(d->V, d->D, n, BF16_BYTES, BF16_BYTES, t0 > 0 || m->grads_accumulate),
-                 gemm_bf16(m->gemm, true, false, d->V, d->D, n, s->dy16, d->V, h16, ld16(m, d->D), m->dw.lm_head, d->D,
-                           t0 > 0 || m->grads_accumulate));
+                 gemm_bf16(m->gemm, true, false, d->V, d->D, n, dlogits16, ld_dlogits16, h16, ld16(m, d->D),
+                           m->dw.lm_head, d->D, t0 > 0 || m->grads_accumulate));
             SPAN(m, m->names.bwd[OP_LM_HEAD], linear_flops(n, d->D, d->V), matmul_bytes(n, d->D, d->V, BF16_BYTES, weight16_bytes(head), false),
-                 gemm_weight16(m, false, n, d->D, d->V, s->dy16, d->V, head, d->D, s->dln + t0 * m->ld_d, m->ld_d, false));
+                 gemm_weight16(m, false, n, d->D, d->V, dlogits16, ld_dlogits16, head, d->D, s->dln + t0 * m->ld_d,
+                               m->ld_d, false));
             continue;
         }
         SPAN(m, m->names.wgrad[OP_LM_HEAD], linear_flops(d->V, d->D, n),
