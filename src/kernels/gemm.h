@@ -114,8 +114,9 @@ const char *gemm_bf16_detail(const gemm_ctx_t *g);
 bool gemm_bf16_tiles(const gemm_ctx_t *g);
 
 /* Allocates and touches what this context's products need for a team of `threads` (with bf16,
- * our blocked kernel's packing space, 3 MiB a thread; the widening and staging scratch of
- * gemm_widen.h, 4.1 MiB a context, where bf16 products are widened or fp32 ones staged), so
+ * our blocked kernel's packing space, 3 MiB a thread, and where a library runs some bf16
+ * products gemm_bf16_b32's panel, 8 MiB; the widening and staging scratch of gemm_widen.h, 4.1
+ * MiB a context, where bf16 products are widened or fp32 ones staged), so
  * that no step allocates or faults it in; false when out of memory. Without it the first
  * product allocates. */
 bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16);

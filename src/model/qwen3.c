@@ -191,7 +191,10 @@ static int64_t scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads
     s->norm_partials = carve(&c, max64(rmsnorm_backward_partials(T, 1, d->D),
                                        max64(rmsnorm_backward_partials(T, d->H, d->HD),
                                              rmsnorm_backward_partials(T, d->KV, d->HD))));
-    s->logits = carve(&c, chunk * d->V);
+    /* On a 64-byte line: in bf16 runs the cross-entropy streams its bf16 gradient over it (rows
+     * 4V bytes apart stay on lines where V is a multiple of 16). */
+    float *logits_space = carve(&c, chunk * d->V + 16);
+    s->logits = logits_space ? (float *)((uintptr_t)(logits_space + 15) & ~(uintptr_t)63) : NULL;
     s->row_loss = carve(&c, chunk);
     s->row_lse = carve(&c, chunk);
     s->targets = (int32_t *)carve(&c, chunk);
@@ -202,9 +205,7 @@ static int64_t scratch_bind(scratch_t *s, const qwen3_dims_t *d, int num_threads
         int64_t in16, dy16;
         bf16_scratch_sizes(d, &in16, &dy16);
         s->in16 = (bf16_t *)carve(&c, in16);
-        /* On a 64-byte line: the LM head's logit gradients are written there with streaming stores. */
-        float *dy16_space = carve(&c, dy16 + 16);
-        s->dy16 = dy16_space ? (bf16_t *)((uintptr_t)(dy16_space + 15) & ~(uintptr_t)63) : NULL;
+        s->dy16 = (bf16_t *)carve(&c, dy16);
         s->xent_rows = carve(&c, (int64_t)num_threads * d->V);
         int64_t QKV = (d->H + 2 * d->KV) * d->HD;
         /* the four layer weight gradients' (linear_bwd_16); a product with more tiles than this

@@ -171,8 +171,9 @@ typedef struct qwen3_options {
 
 /* Bind a model to buffers sized by the plan: params and grads (qwen3_num_params floats each),
  * acts (qwen3_saved_activation_floats), scratch (qwen3_scratch_floats). With opt->bf16,
- * params_bf16 (qwen3_num_params bf16 values, same layout) is the matmuls' copy of the weights,
- * which the caller keeps equal to bf16(params) (adamw_update writes it); NULL otherwise. With
+ * params_bf16 (qwen3_num_params bf16 values, same layout) is the matmuls' copy of the weights
+ * (bf16_weight_copy), which the caller keeps equal to bf16(params) (adamw_update writes it), or
+ * NULL: the matmuls then round params as they pack them (gemm_bf16_b32), the same values. With
  * opt->weights_bf16 (which needs opt->bf16) params_bf16 are the weights themselves and params
  * is the compact fp32 buffer of the norm weights (qwen3_vector_floats, kept equal to them by
  * qwen3_widen_norm_weights). */
