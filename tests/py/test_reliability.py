@@ -265,6 +265,10 @@ BAD_INPUTS = [
     ("bf16 weights without bf16 matmuls", _args("weight_dtype=bfloat16"), 2, ["weight_dtype=bfloat16", "dtype=bfloat16"]),
     ("stochastic rounding of fp32 weights", _args("stochastic_rounding=true"), 2,
      ["stochastic_rounding=true", "weight_dtype=bfloat16"]),
+    ("bf16 weight copy of fp32 matmuls", _args("bf16_weight_copy=true"), 2,
+     ["bf16_weight_copy=true", "dtype=float32", "dtype=bfloat16 weight_dtype=float32"]),
+    ("bf16 weight copy of bf16 weights", _args("bf16_weight_copy=true", "dtype=bfloat16", "weight_dtype=bfloat16"), 2,
+     ["bf16_weight_copy=true", "weight_dtype=bfloat16", "bf16_weight_copy=false"]),
     ("not allowed: remat policy", _args("remat_policy=partial"), 2, ["remat_policy=partial", "minimal"]),
     ("not allowed: first moment dtype", _args("mu_dtype=float16"), 2, ["mu_dtype=float16", "bfloat16"]),
     ("checkpoint period zero", _args("enable_checkpointing=true", "checkpoint_period=0"), 2, ["checkpoint_period=0"]),
@@ -374,7 +378,7 @@ def test_bad_input_refused(tmp_path, setup, code, needles, build):
 
 def test_bad_input_count():
     # the README's reliability table quotes this number
-    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 82
+    assert len(BAD_INPUTS) == len({c[0] for c in BAD_INPUTS}) == 84
 
 
 # ---- 2. faults: a full disk, a read-only folder, truncated inputs -----------------------------
