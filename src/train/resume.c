@@ -209,16 +209,12 @@ static int read_bytes(const safetensors_t *st, int fd, off_t at, size_t len, voi
     return 0;
 }
 
-/* Values [from, from + count) of tensor t (F32 or BF16, as checked) of file st, into dst32
- * (floats) or dst16 (bf16; the other NULL): read as they are where the dtypes agree, else in
- * pieces, widened or rounded to nearest even (a checkpoint of another mu_dtype or weight_dtype). */
-static int read_values(const safetensors_t *st, const st_tensor_t *t, int64_t from, int64_t count, float *dst32,
-                       bf16_t *dst16, char *err, size_t errlen) {
-    int fd = open(st->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot read %s: %s", st->path, strerror(errno));
-        return -1;
-    }
+/* Values [from, from + count) of tensor t (F32 or BF16, as checked) of file st (open as fd),
+ * into dst32 (floats) or dst16 (bf16; the other NULL): read as they are where the dtypes agree,
+ * else in pieces, widened or rounded to nearest even (a checkpoint of another mu_dtype or
+ * weight_dtype). */
+static int read_values(const safetensors_t *st, int fd, const st_tensor_t *t, int64_t from, int64_t count,
+                       float *dst32, bf16_t *dst16, char *err, size_t errlen) {
     const size_t esize = st_dtype_size(t->dtype);
     const off_t base = (off_t)((const char *)t->data - (const char *)st->map) + (off_t)from * (off_t)esize;
     int rc = 0;
@@ -239,7 +235,6 @@ static int read_values(const safetensors_t *st, const st_tensor_t *t, int64_t fr
         }
         free(piece);
     }
-    close(fd);
     return rc;
 }
 
@@ -251,9 +246,17 @@ int full_state_read_moments(const full_state_t *fs, int64_t lo, int64_t count, f
         const int64_t file_lo = fs->shard_lo[k], file_count = tm->numel;
         int64_t a = lo > file_lo ? lo : file_lo, b = lo + count < file_lo + file_count ? lo + count : file_lo + file_count;
         if (a >= b) continue;
-        if (read_values(st, tm, a - file_lo, b - a, m ? m + (a - lo) : NULL, m ? NULL : m16 + (a - lo), err, errlen) != 0 ||
-            read_values(st, tv, a - file_lo, b - a, v ? v + (a - lo) : NULL, v ? NULL : v16 + (a - lo), err, errlen) != 0)
+        int fd = open(st->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            snprintf(err, errlen, "cannot read %s: %s", st->path, strerror(errno));
             return -1;
+        }
+        int rc = read_values(st, fd, tm, a - file_lo, b - a, m ? m + (a - lo) : NULL, m ? NULL : m16 + (a - lo), err,
+                             errlen) != 0 ||
+                 read_values(st, fd, tv, a - file_lo, b - a, v ? v + (a - lo) : NULL, v ? NULL : v16 + (a - lo), err,
+                             errlen) != 0;
+        close(fd);
+        if (rc) return -1;
     }
     return 0;
 }
