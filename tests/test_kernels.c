@@ -187,6 +187,15 @@ static void test_gemm_split_k_vs_naive(void **state) {
 
 /* f[n] uniform in [-1, 1) and then rounded to bf16, h[n] the same values in bf16: operands
  * whose products a bf16 GEMM and the naive fp32 one compute exactly alike. */
+/* fp32 bit patterns whose rounding to bf16 has edges: ties both ways, just off ties, a carry into
+ * the exponent, the largest float, infinities, quiet and signalling NaNs of either sign, zero
+ * and subnormals of either sign. */
+static const uint32_t ROUNDING_EDGES[] = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0xbf808000u,
+                                          0x3f80ffffu, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                          0x7f800001u, 0xffbfffffu, 0x7fc00001u, 0xffa00000u, 0x80000000u,
+                                          0x00000001u, 0x807fffffu, 0x00400000u};
+enum { NUM_ROUNDING_EDGES = sizeof ROUNDING_EDGES / sizeof ROUNDING_EDGES[0] };
+
 static void fill_bf16_exact(float *f, bf16_t *h, int64_t n, test_rng_t *rng) {
     fill_uniform(f, (size_t)n, rng, -1.0f, 1.0f);
     bf16_from_f32_array(h, f, n);
@@ -412,14 +421,11 @@ static void test_bf16_blocked_vs_naive(void **state) {
     gemm_destroy(g);
 }
 
-/* fp32 values whose rounding to bf16 has edges: ties both ways, values that carry into the
- * exponent, subnormals (vcvtne2ps2bf16 flushes them; bf16_from_f32 keeps them), infinities and
- * NaNs, among uniform ones. */
+/* fp32 values whose rounding to bf16 has edges, among uniform ones: every seventh one of
+ * ROUNDING_EDGES (subnormals: vcvtne2ps2bf16 flushes them; bf16_from_f32 keeps them). */
 static void fill_rounding_edges(float *f, int64_t n, test_rng_t *rng) {
-    static const uint32_t edges[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x00000001u, 0x807fffffu,
-                                     0x00400000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffa00000u, 0x80000000u};
     fill_uniform(f, (size_t)n, rng, -2.0f, 2.0f);
-    for (int64_t i = 0; i < n; i += 7) memcpy(&f[i], &edges[(i / 7) % (int64_t)(sizeof edges / sizeof edges[0])], 4);
+    for (int64_t i = 0; i < n; i += 7) memcpy(&f[i], &ROUNDING_EDGES[(i / 7) % (int64_t)NUM_ROUNDING_EDGES], 4);
 }
 
 /* The packs from fp32 (amx_pack_bt_f32, amx_pack_b_f32) round each value as bf16_from_f32 does
@@ -686,11 +692,8 @@ static void test_bf16_rounding(void **state) {
     bf16_t *y = malloc((size_t)n * sizeof(bf16_t));
     test_rng_t rng = {3};
     fill_uniform(x, (size_t)n, &rng, -100.0f, 100.0f);
-    /* ties both ways, just off ties, the largest float, infinities, quiet and signalling NaNs
-     * of either sign and subnormals, inside the vector loops' reach */
-    uint32_t patterns[] = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0xbf808000u, 0x7f7fffffu,
-                           0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu, 0x00000001u, 0x807fffffu};
-    for (size_t i = 0; i < sizeof patterns / sizeof patterns[0]; i++) memcpy(&x[40 + i], &patterns[i], 4);
+    /* inside the vector loops' reach */
+    for (size_t i = 0; i < NUM_ROUNDING_EDGES; i++) memcpy(&x[40 + i], &ROUNDING_EDGES[i], 4);
     bf16_from_f32_array(y, x, n);
     for (int64_t i = 0; i < n; i++) assert_int_equal(y[i], bf16_from_f32(x[i]));
     assert_int_equal(bf16_from_f32(1.0f + 1.0f / 256.0f), 0x3f80); /* tie, even below */

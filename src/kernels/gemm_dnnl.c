@@ -543,14 +543,20 @@ void gemm_f32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, i
     run(g, &key, A, B, C);
 }
 
-static void run_blocked(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                        const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc,
-                        bool accumulate, float *tile_sums) {
+/* The threads our blocked kernel runs a product on here, with their packing space ready. */
+static int blocked_team(gemm_ctx_t *g) {
     int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (!tile_work_for(g, threads)) {
         fprintf(stderr, "stepscope: out of memory for %d threads' bf16 packing space\n", threads);
         abort();
     }
+    return threads;
+}
+
+static void run_blocked(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                        const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float *C, int64_t ldc,
+                        bool accumulate, float *tile_sums) {
+    const int threads = blocked_team(g);
     bf16_blocked_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads, tile_sums);
 }
 
@@ -596,11 +602,7 @@ void gemm_bf16_b32(gemm_ctx_t *g, bool trans_a, bool trans_b, int64_t M, int64_t
                    const uint16_t *A, int64_t lda, const float *B, int64_t ldb,
                    float *C, int64_t ldc, bool accumulate) {
     if (blocked_takes(g, M, N, K)) {
-        int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-        if (!tile_work_for(g, threads)) {
-            fprintf(stderr, "stepscope: out of memory for %d threads' bf16 packing space\n", threads);
-            abort();
-        }
+        const int threads = blocked_team(g);
         bf16_blocked_gemm_b32(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate, g->tile_work, threads);
         return;
     }
