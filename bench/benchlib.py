@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 from stepscope_plan import stepscope_plan  # noqa: E402
+from torch_python import torch_python  # noqa: E402
 BIN = ROOT / "build" / "stepscope"
 CONFIG = ROOT / "configs" / "base.yml"
 TORCH_REFERENCE = ROOT / "tools" / "torch_qwen3.py"
@@ -216,21 +217,26 @@ def torch_env(threads):
     return env, allocator
 
 
-def require_torch(python="python3"):
+def require_torch(python=None):
     """Exits with one line naming what is missing when the torch reference cannot start, before
     any run: otherwise every torch run of a half-hour benchmark fails on its own import after
-    stepscope's runs have been timed. tools/install_deps.sh does not install torch (a 1-4 GiB
-    wheel the tests never need); the reference imports numpy too."""
+    stepscope's runs have been timed. tools/install_deps.sh installs torch only with --with-torch
+    (PyPI's is the CUDA build, ~5 GB installed); the reference imports numpy too. python: default
+    tools/torch_python.py's choice ($TORCH_PYTHON, this interpreter where it has torch, python3)."""
+    python = python or torch_python(("numpy", "torch"))
     r = subprocess.run([python, "-c", "import numpy, torch"], capture_output=True, text=True)
     if r.returncode != 0:
         missing = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
         sys.exit(f"bench: the PyTorch reference cannot start in {python} ({missing}); "
-                 f"install it with: {python} -m pip install torch numpy")
+                 f"install it with: tools/install_deps.sh --with-torch (into .venv; then run the bench "
+                 f"with .venv/bin/python), or {python} -m pip install torch numpy, or set TORCH_PYTHON")
 
 
 def run_torch(overrides, workdir, name, threads, mode="eager", dtype="float32", rss_cap=None, timeout=None,
-              python="python3"):
-    """One run of the PyTorch reference in a child process under the caching allocator."""
+              python=None):
+    """One run of the PyTorch reference in a child process under the caching allocator, in
+    python (default: tools/torch_python.py's choice)."""
+    python = python or torch_python(("numpy", "torch"))
     out = Path(workdir) / f"{name}.json"
     cmd = [python, TORCH_REFERENCE, "--bin", BIN, "--config", CONFIG, "--threads", str(threads), "--mode", mode,
            "--dtype", dtype, "--json", out, *overrides]

@@ -3,7 +3,18 @@
 # and libraries from Debian, and a Python venv (.venv) with the readers the tests check our
 # files with (pytest, TensorBoard's event reader, XProf's XPlane converter) and Intel oneMKL,
 # which stepscope loads at run time for its matmuls on Intel CPUs (gemm_library=auto).
+# --with-torch also puts PyTorch, safetensors and transformers in the venv: the PyTorch
+# reference (tools/torch_qwen3.py) that tests/py/test_torch_reference.py checks stepscope against
+# and bench/ times it against. Off by default: PyPI's torch is the CUDA build, about 3 GB to
+# download and 5 GB installed, for a CPU tool; .ci/run asks for it so that CI runs those tests.
 set -euo pipefail
+with_torch=0
+for arg in "$@"; do
+    case "$arg" in
+        --with-torch) with_torch=1 ;;
+        *) echo "install_deps.sh: unknown option '$arg' (the only option is --with-torch)" >&2; exit 2 ;;
+    esac
+done
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
@@ -15,3 +26,6 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/pip install -q --disable-pip-version-check pytest numpy tensorboard xprof mkl
+if [ "$with_torch" = 1 ]; then
+    .venv/bin/pip install -q --disable-pip-version-check torch safetensors transformers
+fi

@@ -4,8 +4,10 @@ loads them with load_parameters_path), read the same batches (stepscope's synthe
 the reference regenerates, or a token file), and take 3 AdamW steps with clipping. The bench
 scripts time this reference against stepscope, so it must compute the same thing.
 
-torch is not in the test venv: the reference runs under the system python3, and the test skips
-when that python3 has no torch (or no safetensors).
+The reference runs under tools/torch_python.py's choice: $TORCH_PYTHON, else the test's own
+interpreter (.venv, which `tools/install_deps.sh --with-torch` gives torch, safetensors and
+transformers; .ci/run does), else python3; the tests skip where it has no torch (or no
+safetensors, or for the last, no transformers).
 
 Tolerance: the losses differ only by float32 rounding and summation order (measured <= 1e-7
 relative over the 3 steps); Adam's normalisation can amplify per-element gradient rounding
@@ -26,22 +28,22 @@ ROOT = Path(__file__).resolve().parents[2]
 _BIN = Path(os.environ.get("STEPSCOPE_BIN", "build/stepscope"))
 BIN = _BIN if _BIN.is_absolute() else ROOT / _BIN
 REFERENCE = ROOT / "tools" / "torch_qwen3.py"
-TORCH_PY = os.environ.get("TORCH_PYTHON", "python3")
+sys.path.insert(0, str(ROOT / "tools"))
+from torch_python import imports, torch_python  # noqa: E402
+
+TORCH_PY = torch_python(("torch", "safetensors"))
 REL_TOL = 1e-4
+INSTALL = "tools/install_deps.sh --with-torch installs them in .venv"
 
 
 def _imports(*modules):
     """Whether TORCH_PY imports these modules."""
-    try:
-        r = subprocess.run([TORCH_PY, "-c", "import " + ", ".join(modules)], capture_output=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
+    return imports(TORCH_PY, modules)
 
 
 pytestmark = [
     pytest.mark.skipif(not BIN.exists(), reason=f"{BIN} not built (run make)"),
-    pytest.mark.skipif(not _imports("torch", "safetensors"), reason=f"{TORCH_PY} cannot import torch and safetensors"),
+    pytest.mark.skipif(not _imports("torch", "safetensors"), reason=f"{TORCH_PY} cannot import torch and safetensors ({INSTALL})"),
 ]
 
 CASES = {
@@ -187,7 +189,7 @@ print(json.dumps({"loss": loss.item(), "tied": model.config.tie_word_embeddings}
 '''
 
 
-@pytest.mark.skipif(not _imports("torch", "transformers"), reason=f"{TORCH_PY} cannot import transformers")
+@pytest.mark.skipif(not _imports("torch", "transformers"), reason=f"{TORCH_PY} cannot import transformers ({INSTALL})")
 @pytest.mark.parametrize("shape", [
     ["model_name=tiny"],
     ["model_name=tiny", "override_model_config=true", "logits_via_embedding=false", "rope_max_timescale=500000",
