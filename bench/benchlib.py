@@ -222,14 +222,15 @@ def require_torch(python=None):
     any run: otherwise every torch run of a half-hour benchmark fails on its own import after
     stepscope's runs have been timed. tools/install_deps.sh installs torch only with --with-torch
     (PyPI's is the CUDA build, ~5 GB installed); the reference imports numpy too. python: default
-    tools/torch_python.py's choice ($TORCH_PYTHON, this interpreter where it has torch, python3)."""
+    tools/torch_python.py's choice ($TORCH_PYTHON, this interpreter or .venv's where it has
+    torch, python3)."""
     python = python or torch_python(("numpy", "torch"))
     r = subprocess.run([python, "-c", "import numpy, torch"], capture_output=True, text=True)
     if r.returncode != 0:
         missing = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
         sys.exit(f"bench: the PyTorch reference cannot start in {python} ({missing}); "
-                 f"install it with: tools/install_deps.sh --with-torch (into .venv; then run the bench "
-                 f"with .venv/bin/python), or {python} -m pip install torch numpy, or set TORCH_PYTHON")
+                 f"install it with: tools/install_deps.sh --with-torch (into .venv, which the benches then find), "
+                 f"or {python} -m pip install torch numpy, or set TORCH_PYTHON")
 
 
 def run_torch(overrides, workdir, name, threads, mode="eager", dtype="float32", rss_cap=None, timeout=None,

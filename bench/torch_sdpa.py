@@ -22,7 +22,7 @@ def main():
         import torch
         import torch.nn.functional as F
     except ImportError:
-        raise SystemExit("bench/torch_sdpa.py: torch is not installed; install it with tools/install_deps.sh --with-torch (then run this with .venv/bin/python) or python3 -m pip install torch")
+        raise SystemExit("bench/torch_sdpa.py: torch is not installed; install it with tools/install_deps.sh --with-torch and run this with .venv/bin/python, or python3 -m pip install torch")
     torch.set_num_threads(args.threads)
     H, KV, HD = 16, 8, 128
     print(f"torch {torch.__version__} scaled_dot_product_attention, H={H} KV={KV} HD={HD}, batch 1, "

@@ -3,12 +3,16 @@ and bench/. Needs only the standard library, so a caller without torch can still
 
 The order: $TORCH_PYTHON where it is set (the caller's choice, even when it cannot import
 torch, so that the message names it); else the interpreter running the caller, where it
-imports the modules (`tools/install_deps.sh --with-torch` puts torch in .venv, which runs the
-tests); else `python3` on PATH."""
+imports the modules; else the project's .venv, where it does (`tools/install_deps.sh
+--with-torch` puts torch there, so `bench/vs_torch.py` under the system python3 finds it);
+else `python3` on PATH."""
 import functools
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+VENV_PYTHON = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "python"
 
 
 def imports(python, modules, timeout=300):
@@ -27,6 +31,7 @@ def torch_python(modules=("torch",)):
     chosen = os.environ.get("TORCH_PYTHON")
     if chosen:
         return chosen
-    if imports(sys.executable, modules):
-        return sys.executable
+    for python in (sys.executable, str(VENV_PYTHON)):
+        if python and imports(python, modules):
+            return python
     return "python3"

@@ -143,3 +143,25 @@ def test_ab_overrides_sums_kernels_time_and_bytes(tmp_path):
     assert ab_overrides.gb_per_s(run, "matmul qkv_proj fwd") == 2.0
     assert ab_overrides.gb_per_s(run, "data wait") is None
     assert ab_overrides.gb_per_s(run, "absent") is None
+
+
+def test_torch_python_order(monkeypatch):
+    """tools/torch_python.py: $TORCH_PYTHON whatever it imports; else the caller's interpreter,
+    then .venv's, whichever first imports the modules; else python3 on PATH."""
+    import torch_python as tp  # bench/benchlib put tools/ on the path
+    has = set()
+    monkeypatch.setattr(tp, "imports", lambda python, modules: python in has)
+
+    def pick():
+        tp.torch_python.cache_clear()
+        return tp.torch_python(("torch",))
+
+    monkeypatch.setenv("TORCH_PYTHON", "/opt/torch/bin/python")
+    assert pick() == "/opt/torch/bin/python"
+    monkeypatch.delenv("TORCH_PYTHON")
+    assert pick() == "python3"
+    has.add(str(tp.VENV_PYTHON))
+    assert pick() == str(tp.VENV_PYTHON)
+    has.add(sys.executable)
+    assert pick() == sys.executable
+    tp.torch_python.cache_clear()

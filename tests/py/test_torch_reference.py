@@ -5,7 +5,7 @@ the reference regenerates, or a token file), and take 3 AdamW steps with clippin
 scripts time this reference against stepscope, so it must compute the same thing.
 
 The reference runs under tools/torch_python.py's choice: $TORCH_PYTHON, else the test's own
-interpreter (.venv, which `tools/install_deps.sh --with-torch` gives torch, safetensors and
+interpreter or .venv's (which `tools/install_deps.sh --with-torch` gives torch, safetensors and
 transformers; .ci/run does), else python3; the tests skip where it has no torch (or no
 safetensors, or for the last, no transformers).
 
