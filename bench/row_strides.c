@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
     omp_set_num_threads(threads);
     char err[256];
     gemm_ctx_t *g = gemm_create(GEMM_LIB_ONEDNN, err, sizeof err);
-    if (!g || !gemm_reserve(g, threads, false)) {
+    if (!g || !gemm_reserve(g, threads, false, false)) {
         fprintf(stderr, "row_strides: %s\n", g ? "out of memory" : err);
         return 1;
     }

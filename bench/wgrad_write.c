@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     omp_set_num_threads(threads);
-    gemm_reserve(g, threads, false);
+    gemm_reserve(g, threads, false, false);
     printf("weight-gradient products dW = dYᵀ·X (write) and dW += dYᵀ·X (add), T=%lld, %d threads, %s, median of %d\n",
            (long long)T, threads, gemm_library_detail(g), reps);
     printf("%-14s %12s %12s %22s\n", "matmul", "write GFLOP/s", "add GFLOP/s", "add/write time (range)");

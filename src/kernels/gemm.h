@@ -114,12 +114,12 @@ const char *gemm_bf16_detail(const gemm_ctx_t *g);
 bool gemm_bf16_tiles(const gemm_ctx_t *g);
 
 /* Allocates and touches what this context's products need for a team of `threads` (with bf16,
- * our blocked kernel's packing space, 3 MiB a thread, and where a library runs some bf16
- * products gemm_bf16_b32's panel, 8 MiB; the widening and staging scratch of gemm_widen.h, 4.1
- * MiB a context, where bf16 products are widened or fp32 ones staged), so
- * that no step allocates or faults it in; false when out of memory. Without it the first
- * product allocates. */
-bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16);
+ * our blocked kernel's packing space, 3 MiB a thread; with weights32, that is where the context
+ * will run gemm_bf16_b32, and where a library runs some bf16 products, that call's panel, 8
+ * MiB; the widening and staging scratch of gemm_widen.h, 4.1 MiB a context, where bf16 products
+ * are widened or fp32 ones staged), so that no step allocates or faults it in; false when out
+ * of memory. Without it the first product allocates. */
+bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16, bool weights32);
 
 /* Reference: the same contract in plain loops (float accumulation in double), for tests. */
 void gemm_f32_naive(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -172,10 +172,11 @@ static bool f32_stages(const gemm_ctx_t *g) { return !g->mkl && !g->avx512; }
 
 static bool b32_work_for(gemm_ctx_t *g, int64_t elems);
 
-bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16) {
+bool gemm_reserve(gemm_ctx_t *g, int threads, bool bf16, bool weights32) {
     bool tiles = !bf16 || !g->bf16_tiles || tile_work_for(g, threads);
     /* gemm_bf16_b32's panels, where a library runs some bf16 products (a deeper K grows them) */
-    if (bf16 && (!g->bf16_tiles || amx_available()) && !b32_work_for(g, GEMM_B32_PANEL_ELEMS)) return false;
+    if (bf16 && weights32 && (!g->bf16_tiles || amx_available()) && !b32_work_for(g, GEMM_B32_PANEL_ELEMS))
+        return false;
     /* fp32 on the gemm driver (and bf16 widened into it) may split over K: see run_panels */
     bool panels = (g->mkl && !g->mkl_panels) || ksplit_work_ready(g);
     return tiles && panels && (!(bf16 ? g->bf16_widens : f32_stages(g)) || widen_work_ready(g));

@@ -381,7 +381,9 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
     }
     const char *no_gemm_space = "out of memory for the matmuls' packing and widening space (a few MiB a "
                                 "thread); lower num_threads";
-    if (!gemm_reserve(gemm, opt->num_threads, opt->bf16)) {
+    /* bf16 products read fp32 weights unless the run holds bf16 ones or keeps their bf16 copy */
+    const bool weights32 = opt->bf16 && !opt->weights_bf16 && !params_bf16;
+    if (!gemm_reserve(gemm, opt->num_threads, opt->bf16, weights32)) {
         snprintf(err, errlen, "%s", no_gemm_space);
         qwen3_destroy(m);
         return NULL;
@@ -399,13 +401,13 @@ qwen3_model_t *qwen3_create(const qwen3_dims_t *d, const qwen3_options_t *opt, f
         }
         /* Each runs its thread's block products alone (inside attention's parallel region), so
          * each reserves for one thread: without AMX its bf16 products are widened in its own
-         * scratch. */
+         * scratch. Their operands are activations, never weights. */
         for (int t = 0; t < opt->num_threads; t++) {
             if (!(m->thread_gemm[t] = gemm_create(opt->gemm_library, err, errlen))) {
                 qwen3_destroy(m);
                 return NULL;
             }
-            if (!gemm_reserve(m->thread_gemm[t], 1, opt->bf16)) {
+            if (!gemm_reserve(m->thread_gemm[t], 1, opt->bf16, false)) {
                 snprintf(err, errlen, "%s", no_gemm_space);
                 qwen3_destroy(m);
                 return NULL;
