@@ -27,5 +27,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --disable-pip-version-check pytest numpy tensorboard xprof mkl
 if [ "$with_torch" = 1 ]; then
+    # python3-dev: torch.compile's C++ kernels include Python.h (bench/vs_torch.py's compile runs)
+    apt-get install -y -qq python3-dev >/dev/null
     .venv/bin/pip install -q --disable-pip-version-check torch safetensors transformers
 fi
