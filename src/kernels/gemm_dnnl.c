@@ -37,7 +37,7 @@ struct gemm_ctx {
     bool wide_on_onednn;   /* ... but under gemm_library=auto the LM head's forward on oneDNN (VOCAB_WIDE) */
     bool bf16_tiles;       /* bf16 products of whole 32-blocks run on bf16_blocked.c (AMX or dpbf16) */
     bf16_t *tile_work;     /* its packing space, for tile_work_threads threads */
-    int tile_work_threads;
+    int64_t tile_work_threads;
     double nocopy_threshold; /* run_panels' copy_kernels() */
     bool avx512;             /* oneDNN's ISA: fp32 products on its brgemm kernels */
     bool wgrad_on_driver;    /* ... but the weight gradients on its gemm driver (weight_gradient_on_driver) */
@@ -49,30 +49,41 @@ struct gemm_ctx {
     char detail[600], bf16_detail[400];
 };
 
+/* space grown to `want` units of unit_bytes (*have: how many it holds now), 64-byte aligned and
+ * touched, so that no product faults it in: space itself where it holds enough, else a new
+ * one (space freed); NULL (and *have 0) when out of memory. */
+static void *grown_touched(void *space, int64_t *have, int64_t want, size_t unit_bytes) {
+    if (want <= *have) return space;
+    free(space);
+    size_t bytes = ((size_t)want * unit_bytes + 63) / 64 * 64;
+    void *grown = aligned_alloc(64, bytes);
+    *have = grown ? want : 0;
+    if (grown) memset(grown, 0, bytes);
+    return grown;
+}
+
 /* Our blocked kernel's packing space for this many threads, allocated and touched once. */
 static bool tile_work_for(gemm_ctx_t *g, int threads) {
-    if (threads <= g->tile_work_threads) return true;
-    free(g->tile_work);
-    size_t bytes = (size_t)threads * (size_t)bf16_blocked_workspace_elems() * sizeof(bf16_t);
-    g->tile_work = aligned_alloc(64, bytes);
-    g->tile_work_threads = g->tile_work ? threads : 0;
-    if (g->tile_work) memset(g->tile_work, 0, bytes);
+    g->tile_work = grown_touched(g->tile_work, &g->tile_work_threads, threads,
+                                 (size_t)bf16_blocked_workspace_elems() * sizeof(bf16_t));
     return g->tile_work != NULL;
 }
 
+/* A fixed-size space (1 unit of `bytes`), allocated and touched once. */
+static void *once_touched(void *space, size_t bytes) {
+    int64_t have = space ? 1 : 0;
+    return grown_touched(space, &have, 1, bytes);
+}
+
 static bool widen_work_ready(gemm_ctx_t *g) {
-    if (!g->widen_work && (g->widen_work = aligned_alloc(64, GEMM_WIDEN_FLOATS * sizeof(float))))
-        memset(g->widen_work, 0, GEMM_WIDEN_FLOATS * sizeof(float));
-    return g->widen_work != NULL;
+    return (g->widen_work = once_touched(g->widen_work, GEMM_WIDEN_FLOATS * sizeof(float))) != NULL;
 }
 
 /* run_panels' space for the second K half of a product it splits over K, a product's M × N:
  * 4 MiB (the products that need it are bounded: see split_k). */
 enum { KSPLIT_FLOATS = 1 << 20 };
 static bool ksplit_work_ready(gemm_ctx_t *g) {
-    if (!g->ksplit_work && (g->ksplit_work = aligned_alloc(64, KSPLIT_FLOATS * sizeof(float))))
-        memset(g->ksplit_work, 0, KSPLIT_FLOATS * sizeof(float));
-    return g->ksplit_work != NULL;
+    return (g->ksplit_work = once_touched(g->ksplit_work, KSPLIT_FLOATS * sizeof(float))) != NULL;
 }
 
 static bool onednn_has_bf16(gemm_ctx_t *g);
@@ -591,11 +602,7 @@ static int64_t b32_panel_cols(int64_t N, int64_t K) {
 }
 
 static bool b32_work_for(gemm_ctx_t *g, int64_t elems) {
-    if (elems <= g->b32_work_elems) return true;
-    free(g->b32_work);
-    g->b32_work = aligned_alloc(64, ((size_t)elems * sizeof(bf16_t) + 63) / 64 * 64);
-    g->b32_work_elems = g->b32_work ? elems : 0;
-    if (g->b32_work) memset(g->b32_work, 0, (size_t)elems * sizeof(bf16_t));
+    g->b32_work = grown_touched(g->b32_work, &g->b32_work_elems, elems, sizeof(bf16_t));
     return g->b32_work != NULL;
 }
 
