@@ -661,6 +661,23 @@ static void test_summary_notes_rows_past_the_reference(void **state) {
     assert_non_null(strstr(text, "\nnote: norm moved 40.0 GB/s, 2.50x the 16.0 GB/s %bw is read against: its data "
                                  "stayed in the caches between kernels, or the memory bus was faster during the steps"));
     free(text);
+    /* The bus probed again after the steps tells the two causes apart: the norm's 40 GB/s is
+     * within a closing 50 (the bus moved), past a closing 20 (the caches). */
+    s.bandwidth_after_gbs = 50.0;
+    text = printed_summary(&s);
+    assert_non_null(strstr(text, ", memory bandwidth 16.0 GB/s (50.0 after the steps)\n"));
+    assert_non_null(strstr(text, "\nnote: norm moved 40.0 GB/s, 2.50x the 16.0 GB/s %bw is read against: the memory "
+                                 "bus was faster during the steps than when it was probed at start-up: it probed 50.0 "
+                                 "GB/s after the steps, and the row is 80% of that; a fixed device_peak_gb_per_s "
+                                 "compares runs\n"));
+    free(text);
+    s.bandwidth_after_gbs = 20.0;
+    text = printed_summary(&s);
+    assert_non_null(strstr(text, "\nnote: norm moved 40.0 GB/s, 2.50x the 16.0 GB/s %bw is read against: past the "
+                                 "bus's 20.0 GB/s after the steps too, so its data stayed in the caches between "
+                                 "kernels (or the bus ran faster still between the probes); a fixed "
+                                 "device_peak_gb_per_s compares runs\n"));
+    free(text);
     summary_free(&s);
     trace_destroy(t);
 }

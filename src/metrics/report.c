@@ -41,12 +41,14 @@ struct report {
     double last_loss;
     bool warned_peak; /* an MFU over 100% has been pointed out */
     double probe_before, probe_after; /* report_set_machine_probes; 0 = not probed */
+    double bus_before, bus_after;     /* report_set_bus_probes, GB/s; bus_before 0 = not probed */
     bool load_measured;               /* report_set_other_load */
     double others_cores, steal_cores;
     bool run_time_set;                /* report_set_run_time */
     run_time_t run_time;
     /* What report_summary printed, for summary.json at report_close. */
     bool summarised, memory_measured;
+    bool memory_read; /* report_read_memory ran: peak_rss_bytes holds the run's peak */
     double median, fastest, slowest;
     int64_t peak_rss_bytes;
     uint64_t physical_bytes;
@@ -333,6 +335,18 @@ void report_set_machine_probes(report_t *r, double before, double after) {
     r->probe_after = after;
 }
 
+void report_set_bus_probes(report_t *r, double before, double after) {
+    r->bus_before = before;
+    r->bus_after = after;
+}
+
+void report_read_memory(report_t *r) {
+    memstat_t mem;
+    r->memory_read = true;
+    r->memory_measured = memstat_read(&mem);
+    r->peak_rss_bytes = mem.peak_rss_bytes;
+}
+
 void report_set_run_time(report_t *r, const run_time_t *t) {
     r->run_time_set = true;
     r->run_time = *t;
@@ -414,19 +428,19 @@ void report_summary(report_t *r, FILE *out) {
         else
             fprintf(out, "outside the step times\n");
     }
-    /* Read now, so the peak covers the whole run so far, steps and set-up alike. */
-    memstat_t mem;
-    r->memory_measured = memstat_read(&mem);
+    /* Read now, so the peak covers the whole run so far, steps and set-up alike (or read before
+     * the closing bus probe mapped its arrays). */
+    if (!r->memory_read) report_read_memory(r);
     if (!r->memory_measured) {
         fprintf(out, "  memory          not measured: /proc/self/status could not be read\n");
     } else {
-        r->peak_rss_bytes = mem.peak_rss_bytes;
-        fprintf(out, "  memory          peak RSS %.3f GiB%s, %.3fx the plan's %.3f GiB", (double)mem.peak_rss_bytes / GIB,
-                r->plan.num_ranks > 1 ? " (rank 0)" : "", (double)mem.peak_rss_bytes / (double)r->plan.total_bytes,
+        const int64_t peak = r->peak_rss_bytes;
+        fprintf(out, "  memory          peak RSS %.3f GiB%s, %.3fx the plan's %.3f GiB", (double)peak / GIB,
+                r->plan.num_ranks > 1 ? " (rank 0)" : "", (double)peak / (double)r->plan.total_bytes,
                 (double)r->plan.total_bytes / GIB);
         r->physical_bytes = memstat_physical_bytes();
         if (r->physical_bytes)
-            fprintf(out, ", %.1f%% of %.1f GiB physical", 100.0 * (double)mem.peak_rss_bytes / (double)r->physical_bytes,
+            fprintf(out, ", %.1f%% of %.1f GiB physical", 100.0 * (double)peak / (double)r->physical_bytes,
                     (double)r->physical_bytes / GIB);
         fputc('\n', out);
     }
@@ -436,16 +450,25 @@ void report_summary(report_t *r, FILE *out) {
                 r->others_cores, r->plan.ranks_per_host > 1 ? " (this host's other ranks among them)" : "",
                 r->steal_cores, first + 1, first + n,
                 loaded(r) ? ": other work held the cores, so these step times are not the machine's alone" : "");
-    if (r->probe_before > 0 && r->probe_after > 0)
-        fprintf(out, "  machine         probe %.4f TFLOP/s after the steps, %.3fx the start-up probe's %.4f%s\n",
+    if (r->probe_before > 0 && r->probe_after > 0) {
+        fprintf(out, "  machine         probe %.4f TFLOP/s after the steps, %.3fx the start-up probe's %.4f%s",
                 r->probe_after, r->probe_after / r->probe_before, r->probe_before,
                 probe_moved(r) ? ": the cores' pace moved during the run, so compare its step times with another run's with care"
                                : "");
+        /* No verdict for the bus: on a shared VM it flips by 2x within seconds, so the op
+         * summary's notes read each row against both probes instead. */
+        if (r->bus_before > 0 && r->bus_after > 0)
+            fprintf(out, "; memory bus %.1f GB/s after the steps, %.3fx the start-up probe's %.1f", r->bus_after,
+                    r->bus_after / r->bus_before, r->bus_before);
+        else if (r->bus_before > 0)
+            fprintf(out, "; memory bus not probed again (too little memory free for the probe's 3 x 256 MiB)");
+        fputc('\n', out);
+    }
     if (r->run_time_set) {
         const run_time_t *t = &r->run_time;
         double between = t->evaluation_s + t->checkpoints_s + t->profile_s;
         fprintf(out, "  run time        %.2f s wall: %.2f s before step %lld (probes, data, set-up), %.2f s in steps %lld..%lld, "
-                     "%.2f s between them (evaluation %.2f, checkpoints %.2f, profile %.2f), %.2f s after (the closing probe, the "
+                     "%.2f s between them (evaluation %.2f, checkpoints %.2f, profile %.2f), %.2f s after (the closing probes, the "
                      "last reads)\n",
                 t->wall_s, t->before_steps_s, first, t->steps_s, first, first + n, between, t->evaluation_s, t->checkpoints_s,
                 t->profile_s, t->wall_s - t->before_steps_s - t->steps_s - between);
@@ -482,6 +505,10 @@ static int write_summary_json(FILE *f, void *ctx, char *err, size_t errlen) {
         fprintf(f, "  \"machine/probe_before_tflops\": %.9g,\n  \"machine/probe_after_tflops\": %.9g,\n"
                    "  \"machine/probe_ratio\": %.9g,\n  \"machine/probe_moved\": %s,\n",
                 r->probe_before, r->probe_after, r->probe_after / r->probe_before, probe_moved(r) ? "true" : "false");
+    if (r->bus_before > 0 && r->bus_after > 0)
+        fprintf(f, "  \"machine/bus_before_gb_per_s\": %.9g,\n  \"machine/bus_after_gb_per_s\": %.9g,\n"
+                   "  \"machine/bus_ratio\": %.9g,\n",
+                r->bus_before, r->bus_after, r->bus_after / r->bus_before);
     if (r->load_measured)
         fprintf(f, "  \"machine/others_cores\": %.9g,\n  \"machine/steal_cores\": %.9g,\n  \"machine/other_load\": %s,\n",
                 r->others_cores, r->steal_cores, loaded(r) ? "true" : "false");

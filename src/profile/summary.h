@@ -62,6 +62,10 @@ typedef struct summary {
     double other_ms;      /* step_ms - kernel_ms */
     double peak_gflops;
     double peak_gbytes_per_s; /* memory bandwidth for % of bandwidth; 0 = not known */
+    /* The bus probed again after the steps (machine_probe), set by the caller after
+     * summary_compute for the table's header and notes; the % of bandwidth stays read against
+     * peak_gbytes_per_s, as the profile's op_summary.json (written before it) has it. 0 = not. */
+    double bandwidth_after_gbs;
     size_t dropped_events; /* over all lanes: when > 0 the figures undercount */
     char lane[64];         /* the lane kernels were counted on */
     /* Rows: per category (enum order) its total row then its parts (by time, descending),

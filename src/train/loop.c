@@ -75,6 +75,9 @@ typedef struct loop {
     trace_t *trace;
     int64_t profile_first, profile_last; /* -1 when not profiling */
     double peak_gb_per_s; /* memory bandwidth for the op summary's % of bandwidth; 0 = not known */
+    /* The bus's probe before set-up (0 where device_peak_gb_per_s gave the bandwidth or nothing
+     * probed it) and after the steps (machine_probe; 0 = not probed again). */
+    double bus_before_gbs, bus_after_gbs;
     uint32_t span_train, span_data_wait, span_eval, span_checkpoint;
     /* shared between the threads, under mu */
     pthread_mutex_t mu;
@@ -332,7 +335,10 @@ static double resolve_peak(const config_t *cfg, int threads, double *probe_befor
  * half second is the best of 10-20 rounds: this VM's bus flips between ~50 and ~90 GB/s within
  * seconds, and the limit a row is read against is the faster. Only a profiled run takes it:
  * nothing else reads it. */
-static double resolve_bandwidth(const config_t *cfg, int threads) {
+static const size_t BUS_PROBE_ARRAY_BYTES = (size_t)256 << 20;
+
+static double resolve_bandwidth(const config_t *cfg, int threads, double *probed) {
+    *probed = 0.0;
     if (cfg->device_peak_gb_per_s > 0) {
         printf("memory bandwidth: %.1f GB/s (device_peak_gb_per_s), for the op summary\n", cfg->device_peak_gb_per_s);
         return cfg->device_peak_gb_per_s;
@@ -344,14 +350,24 @@ static double resolve_bandwidth(const config_t *cfg, int threads) {
                "the op summary gives GB/s only; set device_peak_gb_per_s for its %% of bandwidth\n");
         return 0.0;
     }
-    membw_t bw = membw_probe(threads, (size_t)256 << 20, 0.5);
+    membw_t bw = membw_probe(threads, BUS_PROBE_ARRAY_BYTES, 0.5);
     memstat_reset_peak();
+    *probed = bw.best_gbs;
     if (bw.best_gbs > 0)
         printf("memory bandwidth: %.1f GB/s on %d threads (probe, for the op summary: the better of a STREAM triad with "
                "streaming stores, %.1f, and an in-place a += s*b, %.1f, 12 bytes an element each; set "
                "device_peak_gb_per_s to fix it)\n", bw.best_gbs, threads, bw.triad_gbs, bw.update_gbs);
     else printf("memory bandwidth: not measured (no memory for the probe's 3 x 256 MiB); the op summary gives GB/s only\n");
     return bw.best_gbs;
+}
+
+/* The bus again once the steps are done, with the run's buffers still resident: its three arrays
+ * are mapped only where the kernel says they fit beside them, with a fourth's room to spare, so
+ * the probe cannot push the run into swap. 0 where they do not fit. The caller reads the peak
+ * RSS first, since the arrays raise it and nothing can reset it without losing the run's. */
+static double probe_bus_after(int threads) {
+    if (memstat_available_bytes() < 4 * (uint64_t)BUS_PROBE_ARRAY_BYTES) return 0.0;
+    return membw_probe(threads, BUS_PROBE_ARRAY_BYTES, 0.5).best_gbs;
 }
 
 /* A step's batch: each rank's micro-batches one after another, B · micro_batches rows (a
@@ -481,7 +497,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
                (double)plan->total_bytes / 1073741824.0, multi ? " per rank" : "");
         if (multi) console_ranks(plan, world);
         peak = resolve_peak(cfg, plan->num_threads, &probe_before);
-        if (l.trace) l.peak_gb_per_s = resolve_bandwidth(cfg, plan->num_threads);
+        if (l.trace) l.peak_gb_per_s = resolve_bandwidth(cfg, plan->num_threads, &l.bus_before_gbs);
     }
     if (multi && strcmp(cfg->profiler, "xplane") == 0 && cfg->upload_all_profiler_results) {
         /* Every rank's op summary against rank 0's peaks, so that the ranks' files compare (and
@@ -663,8 +679,16 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     }
     /* Probed again after the steps, the cores say whether their pace held through the run, and
      * so whether its step times compare with another run's. */
-    if (report && probe_before > 0 && rc == LOOP_OK && l.completed >= 1)
+    if (report && probe_before > 0 && rc == LOOP_OK && l.completed >= 1) {
         report_set_machine_probes(report, probe_before, probe_cores(cfg, plan->num_threads));
+        /* And the bus, where the op summary reads its % of bandwidth against a probe: whether a
+         * row past 100% met a bus that moved or data that stayed in the caches. */
+        if (l.bus_before_gbs > 0) {
+            report_read_memory(report);
+            l.bus_after_gbs = probe_bus_after(plan->num_threads);
+            report_set_bus_probes(report, l.bus_before_gbs, l.bus_after_gbs);
+        }
+    }
     if (report && l.completed >= 0) {
         double steps_s = 0.0;
         for (int64_t i = 0; i <= l.completed; i++) steps_s += l.records[i].seconds;
@@ -681,6 +705,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
     if (writer && l.trace && pf.written) {
         summary_t s;
         if (summary_compute(l.trace, l.profile_first, l.profile_last, peak * 1000.0, l.peak_gb_per_s, &s) == 0) {
+            s.bandwidth_after_gbs = l.bus_after_gbs;
             printf("op summary, profiled steps %lld..%lld:\n", (long long)l.profile_first, (long long)l.profile_last);
             summary_print(&s, stdout);
             summary_free(&s);

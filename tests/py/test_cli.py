@@ -454,13 +454,17 @@ def test_mfu_over_100_percent_is_pointed_out_once(tmp_path):
     assert "below what this run reaches" not in r.stderr, r.stderr
 
 
+MACHINE_BUS_RE = re.compile(r"; memory bus (\d+\.\d) GB/s after the steps, (\d+\.\d{3})x the start-up probe's "
+                            r"(\d+\.\d)$")
+
+
 def _machine_line(stdout):
     """The summary's machine line: (probe after, ratio, probe before), its figures checked against
     each other to the printed precision, and the flag against the threshold; it follows the
-    memory line."""
+    memory line. A profiled run's bus part, after the cores', is read by _machine_bus."""
     m = re.search(r"^  machine         probe (\d+\.\d+) TFLOP/s after the steps, (\d+\.\d+)x the start-up "
                   r"probe's (\d+\.\d+)(: the cores' pace moved during the run, so compare its step times with "
-                  r"another run's with care)?$", stdout, re.M)
+                  r"another run's with care)?(; memory bus .*)?$", stdout, re.M)
     assert m, stdout
     after, ratio, before = (float(m.group(i)) for i in (1, 2, 3))
     assert after > 0 and before > 0
@@ -473,6 +477,21 @@ def _machine_line(stdout):
     lines = stdout.splitlines()
     at = next(i for i, l in enumerate(lines) if l.startswith("  machine "))
     assert lines[at - 1].startswith("  other load ") and lines[at - 2].startswith("  memory ")
+    return after, ratio, before
+
+
+def _machine_bus(stdout):
+    """The machine line's bus part: (GB/s after, ratio, GB/s before), checked against each other to
+    the printed precision; None where the line has none."""
+    line = next(l for l in stdout.splitlines() if l.startswith("  machine "))
+    m = MACHINE_BUS_RE.search(line)
+    if not m:
+        assert "memory bus" not in line, line
+        return None
+    after, ratio, before = float(m.group(1)), float(m.group(2)), float(m.group(3))
+    assert after > 0 and before > 0
+    slack = after / before * (0.05 / after + 0.05 / before) + 5e-4  # GB/s to 1 decimal, the ratio to 3
+    assert ratio == pytest.approx(after / before, abs=slack), line
     return after, ratio, before
 
 
@@ -514,6 +533,44 @@ def test_probe_after_the_steps(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         assert "  machine " not in r.stdout and "(machine_probe)" not in r.stdout, r.stdout
     assert "set device_peak_tflops to fix it" in r.stdout  # the peak was still probed
+
+
+def test_bus_probed_after_the_steps(tmp_path):
+    # A profiled run that probed the bus for its op summary probes it again after the steps
+    # (machine_probe): the machine line and summary.json give both readings, the op summary's
+    # header the closing one beside the one its %bw is read against; and the peak RSS is read
+    # before the closing probe's 768 MiB are mapped, so it stays the run's.
+    common = ["model_name=tiny", f"device_peak_tflops={PEAK}", "steps=4", "skip_first_n_steps_for_profiler=1",
+              "profiler_steps=2"]
+    r = stepscope(tmp_path, *common, "run_name=bus")
+    assert r.returncode == 0, r.stdout + r.stderr
+    start = re.search(r"^memory bandwidth: (\d+\.\d) GB/s on \d+ threads \(probe", r.stdout, re.M)
+    assert start, r.stdout
+    bus = _machine_bus(r.stdout)
+    assert bus is not None, r.stdout
+    after, _, before = bus
+    assert before == float(start.group(1))
+    assert re.search(rf", memory bandwidth {re.escape(start.group(1))} GB/s \({after:.1f} after the steps\)$",
+                     r.stdout, re.M), r.stdout
+    summ = json.loads(run_dir(tmp_path, "bus").joinpath("summary.json").read_text())
+    assert (f"{summ['machine/bus_before_gb_per_s']:.1f}", f"{summ['machine/bus_after_gb_per_s']:.1f}") == \
+        (f"{before:.1f}", f"{after:.1f}")
+    assert summ["machine/bus_ratio"] == pytest.approx(after / before, rel=0.01)
+    # the tiny run's peak is its own (~0.16 GiB), not the probe's 0.75 GiB more
+    assert summ["memory/peak_rss_gib"] < 0.5, summ
+    op = json.loads(next(run_dir(tmp_path, "bus").glob("tensorboard/plugins/profile/*/op_summary.json")).read_text())
+    assert op["peak_gbytes_per_s"] == pytest.approx(summ["machine/bus_before_gb_per_s"], rel=1e-6)
+    # a bandwidth given is not probed, before or after; nor is anything with machine_probe=false
+    for extra, name in ((["device_peak_gb_per_s=50"], "given"), (["machine_probe=false"], "off")):
+        r = stepscope(tmp_path, *common, *extra, f"run_name={name}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "after the steps)" not in r.stdout, r.stdout
+        summ = json.loads(run_dir(tmp_path, name).joinpath("summary.json").read_text())
+        assert not any(k.startswith("machine/bus_") for k in summ), summ
+        if name == "given":
+            assert _machine_bus(r.stdout) is None
+        else:
+            assert "  machine " not in r.stdout
 
 
 def test_other_load_is_pointed_out(tmp_path):
@@ -1302,7 +1359,7 @@ def test_profile_names_what_ran_between_steps(tmp_path):
     assert 0 < sum(run[f"time/{k}_seconds"] for k in parts) <= run["time/wall_seconds"]
     assert re.search(r"^  run time        \d+\.\d\d s wall: \d+\.\d\d s before step 0 \(probes, data, set-up\), "
                      r"\d+\.\d\d s in steps 0\.\.5, \d+\.\d\d s between them \(evaluation \d+\.\d\d, checkpoints "
-                     r"\d+\.\d\d, profile \d+\.\d\d\), \d+\.\d\d s after \(the closing probe, the last reads\)$", r.stdout,
+                     r"\d+\.\d\d, profile \d+\.\d\d\), \d+\.\d\d s after \(the closing probes, the last reads\)$", r.stdout,
                      re.M), r.stdout
     try:
         from xprof.convert import raw_to_tool_data
