@@ -658,8 +658,10 @@ static void test_summary_notes_rows_past_the_reference(void **state) {
     assert_non_null(strstr(text, "\nnote: matmul mlp ran at 2000.0 GFLOP/s, 2.00x the 1000.0 GFLOP/s peak %peak is "
                                  "read against: the cores were faster during the steps than when the peak was probed, "
                                  "or the peak given is low\n"));
-    assert_non_null(strstr(text, "\nnote: norm moved 40.0 GB/s, 2.50x the 16.0 GB/s %bw is read against: its data "
-                                 "stayed in the caches between kernels, or the memory bus was faster during the steps"));
+    assert_non_null(strstr(text, "\nnote: norm moved 40.0 GB/s, 2.50x the 16.0 GB/s %bw is read against: with 38.1 MiB "
+                                 "a call: its data stayed in the caches between kernels, or the memory bus ran faster "
+                                 "during the steps than when it was probed (a shared VM's moves by 2x within seconds); "
+                                 "a fixed device_peak_gb_per_s compares runs\n"));
     free(text);
     /* The bus probed again after the steps tells the two causes apart: the norm's 40 GB/s is
      * within a closing 50 (the bus moved), past a closing 20 (the caches). */
@@ -674,9 +676,38 @@ static void test_summary_notes_rows_past_the_reference(void **state) {
     s.bandwidth_after_gbs = 20.0;
     text = printed_summary(&s);
     assert_non_null(strstr(text, "\nnote: norm moved 40.0 GB/s, 2.50x the 16.0 GB/s %bw is read against: past the "
-                                 "bus's 20.0 GB/s after the steps too, so its data stayed in the caches between "
-                                 "kernels (or the bus ran faster still between the probes); a fixed "
+                                 "bus's 20.0 GB/s after the steps too, with 38.1 MiB a call: its data stayed in the "
+                                 "caches between kernels, or the memory bus ran faster during the steps than at either "
+                                 "probe (a shared VM's moves by 2x within seconds); a fixed device_peak_gb_per_s "
+                                 "compares runs\n"));
+    free(text);
+    summary_free(&s);
+    trace_destroy(t);
+}
+
+/* A call that moves more than any cache holds (an optimizer update over gigabytes) past the
+ * bandwidth can only have met a faster bus, and the note says so rather than offer the caches. */
+static void test_summary_note_rules_out_the_caches_for_big_calls(void **state) {
+    (void)state;
+    trace_t *t = trace_create(1, 16);
+    trace_set_lane(t, 0, "compute", 10);
+    uint32_t train = trace_intern(t, "train", TRACE_CAT_STEP, NULL);
+    uint32_t update = trace_intern(t, "adamw update", TRACE_CAT_OPTIMIZER, "adamw update");
+    trace_record(t, 0, train, 0, 1000 * MS, 0, 0, 0);
+    trace_record(t, 0, update, 0, 500 * MS, -1, 0, 30e9); /* 30 GB in 0.5 s: 60 GB/s, 28610 MiB */
+    summary_t s;
+    assert_int_equal(summary_compute(t, 0, 0, 1000.0, 40.0, &s), 0);
+    char *text = printed_summary(&s);
+    assert_non_null(strstr(text, "\nnote: optimizer moved 60.0 GB/s, 1.50x the 40.0 GB/s %bw is read against: with "
+                                 "28610 MiB a call, more than a cache holds: the memory bus ran faster during the steps "
+                                 "than when it was probed (a shared VM's moves by 2x within seconds); a fixed "
                                  "device_peak_gb_per_s compares runs\n"));
+    free(text);
+    s.bandwidth_after_gbs = 50.0;
+    text = printed_summary(&s);
+    assert_non_null(strstr(text, "is read against: past the bus's 50.0 GB/s after the steps too, with 28610 MiB a call, "
+                                 "more than a cache holds: the memory bus ran faster during the steps than at either "
+                                 "probe (a shared VM's"));
     free(text);
     summary_free(&s);
     trace_destroy(t);
@@ -1038,6 +1069,7 @@ int main(void) {
         cmocka_unit_test(test_chrome_trace),
         cmocka_unit_test(test_summary_arithmetic),
         cmocka_unit_test(test_summary_notes_rows_past_the_reference),
+        cmocka_unit_test(test_summary_note_rules_out_the_caches_for_big_calls),
         cmocka_unit_test(test_summary_spread_weighted_by_flops),
         cmocka_unit_test(test_atomic_file),
         cmocka_unit_test(test_atomic_file_write_through),

@@ -242,6 +242,10 @@ static const summary_row_t *furthest_past(const summary_t *s, bool bandwidth) {
     return worst;
 }
 
+/* More than this a call (MiB) is past any CPU's last-level cache (a core group's on the largest
+ * server parts is 96 MiB), so such a call's bytes came over the bus. */
+static const double CACHE_MIB_BOUND = 256.0;
+
 /* A row over 100% of the peak means the peak was probed when the cores were slower than during
  * the steps, or was given low; over 100% of the bandwidth, also that the row's data stayed in
  * the caches (a small model's activations) or that the bus was probed in a slow moment (a
@@ -257,18 +261,25 @@ static void print_reference_notes(const summary_t *s, FILE *f) {
     if (!r) return;
     fprintf(f, "note: %s%s%s moved %.1f GB/s, %.2fx the %.1f GB/s %%bw is read against: ", r->category,
             r->part[0] ? " " : "", r->part, r->gbytes_per_s, r->pct_bandwidth / 100.0, s->peak_gbytes_per_s);
-    const double after = s->bandwidth_after_gbs;
-    /* With the closing probe the two causes part: a row within what the bus gave after the steps
-     * is read against a bus that moved; one past both probes kept its data in the caches. */
-    if (after <= 0)
-        fprintf(f, "its data stayed in the caches between kernels, or the memory bus was faster during the steps "
-                   "than when it was probed (a shared VM's moves by 2x within seconds)");
-    else if (r->gbytes_per_s <= after)
+    const double after = s->bandwidth_after_gbs, mib_a_call = r->bytes / (double)r->calls / 1048576.0;
+    /* A call that moves more than any cache holds cannot have been served from one: then only
+     * the bus can have moved. With the closing probe the causes part further: a row within what
+     * the bus gave after the steps met a bus that moved. */
+    const bool past_caches = mib_a_call > CACHE_MIB_BOUND;
+    if (after > 0 && r->gbytes_per_s <= after)
         fprintf(f, "the memory bus was faster during the steps than when it was probed at start-up: it probed %.1f "
                    "GB/s after the steps, and the row is %.0f%% of that", after, 100.0 * r->gbytes_per_s / after);
-    else
-        fprintf(f, "past the bus's %.1f GB/s after the steps too, so its data stayed in the caches between kernels "
-                   "(or the bus ran faster still between the probes)", after);
+    else {
+        const char *when = after > 0 ? "at either probe" : "when it was probed";
+        if (after > 0) fprintf(f, "past the bus's %.1f GB/s after the steps too, ", after);
+        if (past_caches)
+            fprintf(f, "with %.0f MiB a call, more than a cache holds: the memory bus ran faster during the steps than %s",
+                    mib_a_call, when);
+        else
+            fprintf(f, "with %.1f MiB a call: its data stayed in the caches between kernels, or the memory bus ran "
+                       "faster during the steps than %s", mib_a_call, when);
+        fprintf(f, " (a shared VM's moves by 2x within seconds)");
+    }
     fprintf(f, "; a fixed device_peak_gb_per_s compares runs\n");
 }
 
