@@ -4,10 +4,14 @@
  * this before and after every run and prints it beside the timings, so a slow round can be told
  * from a slow engine.
  * With "bf16" it also runs the bf16 probe a dtype=bfloat16 run starts with (vdpbf16ps chains on
- * AVX512-BF16, AMX tiles where the CPU has them) and prints its ratio to the fp32 figure.
- *   build/bench/fma_probe [threads=2] [seconds=0.5] [bf16]
+ * AVX512-BF16, AMX tiles where the CPU has them) and prints its ratio to the fp32 figure. With
+ * "ymm" (AVX-512 builds) it also runs the fp32 chains at 256 bits and prints the 512-bit
+ * figure's ratio to them: ~2 where the CPU runs 512-bit FMAs at full width, ~1 where it splits
+ * them into halves (then an AVX2 library loses nothing to 512-bit code).
+ *   build/bench/fma_probe [threads=2] [seconds=0.5] [bf16|ymm]
  * Prints one line: "fma_probe_tflops <TFLOP/s> threads <n> seconds <s>", and with bf16 a second:
- * "bf16_probe_tflops <TFLOP/s> threads <n> seconds <s> ratio_to_fp32 <x> (<method>)". */
+ * "bf16_probe_tflops <TFLOP/s> threads <n> seconds <s> ratio_to_fp32 <x> (<method>)", with ymm:
+ * "ymm_probe_tflops <TFLOP/s> threads <n> seconds <s> zmm_over_ymm <x>". */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,9 +22,9 @@
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2;
     double seconds = argc > 2 ? atof(argv[2]) : 0.5;
-    bool bf16 = argc > 3 && strcmp(argv[3], "bf16") == 0;
-    if (threads < 1 || threads > 1024 || !(seconds > 0 && seconds <= 60) || (argc > 3 && !bf16)) {
-        fprintf(stderr, "usage: fma_probe [threads 1..1024] [seconds (0, 60]] [bf16]\n");
+    bool bf16 = argc > 3 && strcmp(argv[3], "bf16") == 0, ymm = argc > 3 && strcmp(argv[3], "ymm") == 0;
+    if (threads < 1 || threads > 1024 || !(seconds > 0 && seconds <= 60) || (argc > 3 && !bf16 && !ymm)) {
+        fprintf(stderr, "usage: fma_probe [threads 1..1024] [seconds (0, 60]] [bf16|ymm]\n");
         return 2;
     }
     double fp32 = peak_probe_tflops(false, threads, seconds);
@@ -29,6 +33,14 @@ int main(int argc, char **argv) {
         double rate = peak_probe_tflops(true, threads, seconds);
         printf("bf16_probe_tflops %.4f threads %d seconds %g ratio_to_fp32 %.3f (%s)\n", rate, threads, seconds,
                rate / fp32, peak_probe_method(true));
+    }
+    if (ymm) {
+        double rate = peak_probe_fp32_256_tflops(threads, seconds);
+        if (rate <= 0) {
+            fprintf(stderr, "fma_probe: ymm needs an AVX-512 build (its fp32 probe is then 256 bits wide already)\n");
+            return 2;
+        }
+        printf("ymm_probe_tflops %.4f threads %d seconds %g zmm_over_ymm %.3f\n", rate, threads, seconds, fp32 / rate);
     }
     return 0;
 }

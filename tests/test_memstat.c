@@ -1,5 +1,6 @@
 /* memstat: the resident-set figures a run reports beside its plan follow real allocations.
- * cpustat: the other load the summary reports is the machine's CPU time less this process's. */
+ * cpustat: the other load the summary reports is the machine's CPU time less this process's.
+ * peak: the probes MFU and the machine line are read against give rates in a sane relation. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -10,6 +11,7 @@
 #include <sys/mman.h>
 
 #include "util/cpustat.h"
+#include "util/peak.h"
 #include "util/memstat.h"
 
 enum { MIB = 1 << 20 };
@@ -125,6 +127,24 @@ static void test_reads_this_process_cpu_time(void **state) {
     assert_true(b.steal_s >= a.steal_s);
 }
 
+/* The probes' own relations, loose enough for a shared machine (each is a best of 5 rounds, and a
+ * neighbour only lowers a round; 0.6 leaves it 40%): a bf16 probe does at least the fp32 FMA's
+ * work (2x it on a bf16 dot-product unit, ~13x on AMX tiles, 1x where bf16 runs at the fp32
+ * rate), and a 512-bit FMA between one and two 256-bit ones' (2x at full width, 1x split into
+ * halves). */
+static void test_peak_probes_relate(void **state) {
+    (void)state;
+    const double fp32 = peak_probe_tflops(false, 1, 0.1), bf16 = peak_probe_tflops(true, 1, 0.1);
+    assert_true(fp32 > 0 && fp32 < 100);
+    assert_true(bf16 > 0.6 * fp32);
+    const double ymm = peak_probe_fp32_256_tflops(1, 0.1);
+#if defined(__AVX512F__) && defined(__FMA__)
+    assert_true(ymm > 0.6 * fp32 / 2.0 && ymm < fp32 / 0.6);
+#else
+    assert_true(ymm == 0.0);
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reads_this_process),
@@ -133,6 +153,7 @@ int main(void) {
         cmocka_unit_test(test_load_between_readings),
         cmocka_unit_test(test_leaves_out_a_pause),
         cmocka_unit_test(test_reads_this_process_cpu_time),
+        cmocka_unit_test(test_peak_probes_relate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

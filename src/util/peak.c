@@ -90,6 +90,23 @@ static double amx_burst(float seed, float *sink) {
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__FMA__)
+/* fma_burst's chains at half the width: where a CPU runs a 512-bit FMA as two 256-bit halves
+ * (the Zen 4; the Zen 5 VM of MACHINE.md in its slow phases), the two read the same. */
+static double fma256_burst(float seed, float *sink) {
+    __m256 a[12], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < 12; i++) a[i] = _mm256_set1_ps(seed + (float)i);
+    for (int it = 0; it < PROBE_ITERS; it++)
+        for (int i = 0; i < 12; i++) a[i] = _mm256_fmadd_ps(a[i], x, y);
+    __m256 s = a[0];
+    for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, a[i]);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, s);
+    *sink = lanes[0] + lanes[7];
+    return 2.0 * 8.0 * 12.0 * PROBE_ITERS;
+}
+#endif
+
 static double (*probe_burst(bool bf16))(float, float *) {
     if (!bf16) return fma_burst;
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -98,8 +115,7 @@ static double (*probe_burst(bool bf16))(float, float *) {
     return dpbf16_burst;
 }
 
-double peak_probe_tflops(bool bf16, int num_threads, double seconds) {
-    double (*burst)(float, float *) = probe_burst(bf16);
+static double probe_with(double (*burst)(float, float *), int num_threads, double seconds) {
     double best = 0.0;
     /* Several short rounds, keep the best: a busy neighbour only ever lowers a round. */
     for (int round = 0; round < 5; round++) {
@@ -116,6 +132,19 @@ double peak_probe_tflops(bool bf16, int num_threads, double seconds) {
         if (rate > best && sink == sink) best = rate;
     }
     return best;
+}
+
+double peak_probe_tflops(bool bf16, int num_threads, double seconds) {
+    return probe_with(probe_burst(bf16), num_threads, seconds);
+}
+
+double peak_probe_fp32_256_tflops(int num_threads, double seconds) {
+#if defined(__AVX512F__) && defined(__FMA__)
+    return probe_with(fma256_burst, num_threads, seconds);
+#else
+    (void)num_threads, (void)seconds;
+    return 0.0;
+#endif
 }
 
 const char *peak_probe_method(bool bf16) {
