@@ -71,6 +71,16 @@ def fma_and_bf16_probes(threads, seconds=0.5):
     return _probe("fma_probe", ("fma_probe_tflops", "bf16_probe_tflops"), threads, seconds, "bf16")
 
 
+def fma_and_ymm_probes(threads, seconds=0.5):
+    """(fma_probe's TFLOP/s, the same chains at 256 bits) from one run of build/bench/fma_probe
+    with its ymm line. Their ratio is ~2 where the CPU runs 512-bit FMAs at full width and ~1
+    where it splits them into halves (a Zen 4; the Zen 5 VM in its slow phase), which is when a
+    256-bit library such as MKL's on AMD (torch's fp32 GEMM) loses nothing to 512-bit code.
+    (fma_probe alone, None) on a build without AVX-512, whose probe is 256 bits wide already."""
+    fma, ymm = _probe("fma_probe", ("fma_probe_tflops", "ymm_probe_tflops"), threads, seconds, "ymm")
+    return (fma, ymm) if fma else (fma_probe(threads, seconds), None)
+
+
 def mem_probe(threads, seconds=0.5):
     """GB/s the memory bus delivers right now (build/bench/mem_probe: the better of a STREAM triad
     with streaming stores and an in-place update over 256 MiB arrays, best of their rounds; a

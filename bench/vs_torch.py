@@ -14,7 +14,9 @@ the cores' FMA units delivered around it (build/bench/fma_probe before and after
 of --peak: this VM's speed moves by a quarter or more within minutes, and a round run at 0.6 of
 the peak is slow for any engine), and what the memory bus delivered (build/bench/mem_probe
 before and after, GB/s: it moves apart from the FMA units, and an engine bound by memory traffic
-moves with it).
+moves with it), and for fp32 runs the 512-bit FMA rate over the 256-bit one (fma_probe's ymm
+line; the log line and the JSON's zmm_over_ymm_by_round): ~2 at full width, ~1 in the Zen 5 VM's
+slow phase, where torch's 256-bit MKL kernel loses nothing and our 512-bit code half.
 Ratios: stepscope's tokens/s over each run's (of the medians, and round by round), and its peak
 RSS over theirs. Round by round also each speed-up's ceiling: their step over a step that does
 the counted FLOPs at 100% of the rate the cores' probe read in their dtype around their run (the
@@ -128,20 +130,21 @@ def main():
                         continue
                     over = base + (["dtype=bfloat16"] if dtype == "bfloat16" else [])
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: stepscope")
-                    probe0, mem0, rate0 = probes_now(a.threads, dtype)
+                    probe0, mem0, rate0, width0 = probes_now(a.threads, dtype)
                     peak = bf16_peak if dtype == "bfloat16" else a.peak  # the dtype's peak
                     res = bl.run_stepscope(over, workdir, name, a.threads, peak)
                 else:
                     cap = bl.memory_cap(a.memory_cap_gib)
                     bl.log(f"[{time.strftime('%H:%M:%S')}] {name}: torch {mode} {dtype} (RSS cap {cap / bl.GIB:.1f} GiB)")
-                    probe0, mem0, rate0 = probes_now(a.threads, dtype)
+                    probe0, mem0, rate0, width0 = probes_now(a.threads, dtype)
                     res = bl.run_torch(base, workdir, name, a.threads, mode, dtype, rss_cap=cap)
-                probe1, mem1, rate1 = probes_now(a.threads, dtype)
+                probe1, mem1, rate1, width1 = probes_now(a.threads, dtype)
                 res["probe"] = (probe0 + probe1) / 2 / a.peak if probe0 and probe1 else None
                 # The cores' rate in the run's own dtype around it, for the speed-up's ceiling: the
                 # faster reading, so that a probe slowed for a moment cannot lower the bound.
                 res["rate_tflops"] = max(rate0, rate1) if rate0 and rate1 else None
                 res["mem_gbs"] = (mem0 + mem1) / 2 if mem0 and mem1 else None
+                res["zmm_over_ymm"] = (width0 + width1) / 2 if width0 and width1 else None
                 if res["rc"] != 0 or len(res["seconds"]) < 2:
                     why = "over the RSS cap" if res["over_cap"] else f"exit {res['rc']}"
                     bl.log(f"  failed ({why}); log {res['log']}:\n{bl.tail(res['log'])}")
@@ -149,6 +152,8 @@ def main():
                     probed = (f", FMA probe {probe0:.4f} before and {probe1:.4f} TFLOP/s after"
                               if probe0 and probe1 else "")
                     probed += f", memory {mem0:.1f} before and {mem1:.1f} GB/s after" if mem0 and mem1 else ""
+                    probed += (f", 512-bit FMAs at {res['zmm_over_ymm']:.2f}x the 256-bit rate"
+                               if res["zmm_over_ymm"] else "")
                     bl.log(f"  median step {bl.median_step(res['seconds']):.3f} s, peak RSS "
                            f"{res['peak_rss'] / bl.GIB:.2f} GiB, others' CPU {res['others_cores']:.2f} cores{probed}")
                 results.setdefault(key, []).append(res)
@@ -162,12 +167,14 @@ def main():
 
 
 def probes_now(threads, dtype):
-    """(FMA probe, memory probe, the cores' rate in dtype) now, in TFLOP/s, GB/s, TFLOP/s."""
+    """(FMA probe, memory probe, the cores' rate in dtype, the 512-bit FMA rate over the 256-bit
+    one) now, in TFLOP/s, GB/s, TFLOP/s and a ratio (fp32 runs only; else None): ~2 at full
+    width, ~1 where the CPU splits 512-bit FMAs, the Zen 5 VM's slow phase (run CE)."""
     if dtype != "bfloat16":
-        fma, mem = bl.machine_probes(threads)
-        return fma, mem, fma
+        fma, ymm = bl.fma_and_ymm_probes(threads)
+        return fma, bl.mem_probe(threads), fma, (fma / ymm if fma and ymm else None)
     fma, bf16 = bl.fma_and_bf16_probes(threads)
-    return fma, bl.mem_probe(threads), bf16
+    return fma, bl.mem_probe(threads), bf16, None
 
 
 def completed(r):
@@ -213,6 +220,7 @@ def summarise(reps):
             "others": max(r["others_cores"] for r in ok),
             "probe": [r.get("probe") for r in ok],
             "mem_gbs": [r.get("mem_gbs") for r in ok],
+            "zmm_over_ymm": [r.get("zmm_over_ymm") for r in ok],
             "by_round": [bl.median_step(r["seconds"]) if completed(r) else None for r in reps],
             "rate_by_round": [r.get("rate_tflops") if completed(r) else None for r in reps],
             "steps": len(ok[0]["seconds"]), "repeats": len(ok), "loss": ok[0]["losses"][:3],
@@ -276,7 +284,8 @@ def print_tables(a, configs, runs, results, plans, bf16_peak):
                            "median_step_s": sm["median"], "tokens_per_s": tps, "tflops_per_s": tflops, "mfu": mfu,
                            "peak_rss_bytes": sm["peak_rss"], "others_cores": sm["others"],
                            "fma_probe_of_peak": sm["probe"],
-                           "mem_probe_gbs": sm["mem_gbs"], "step_s_by_round": sm["by_round"],
+                           "mem_probe_gbs": sm["mem_gbs"], "zmm_over_ymm_by_round": sm["zmm_over_ymm"],
+                           "step_s_by_round": sm["by_round"],
                            "speedup_by_round": ratios, "rate_tflops_by_round": sm["rate_by_round"],
                            "ceiling_by_round": ceiling,
                            "first_losses": sm["loss"], "plan_bytes": int(plan_of(dtype)["memory_total_bytes"]),

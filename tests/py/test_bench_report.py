@@ -165,3 +165,25 @@ def test_torch_python_order(monkeypatch):
     has.add(sys.executable)
     assert pick() == sys.executable
     tp.torch_python.cache_clear()
+
+
+def test_probes_give_the_fma_width_for_fp32_runs(monkeypatch):
+    """probes_now: an fp32 run's probes carry the 512-bit FMA rate over the 256-bit one (~1 in the
+    Zen 5 VM's slow phase, run CE); a bf16 run's, and a build without AVX-512 (whose fma_probe
+    refuses ymm), carry none, and the latter still gets its FMA figure."""
+    bl = vs_torch.bl
+    monkeypatch.setattr(bl, "mem_probe", lambda threads, seconds=0.5: 80.0)
+    monkeypatch.setattr(bl, "fma_and_bf16_probes", lambda threads, seconds=0.5: (0.23, 0.46))
+    monkeypatch.setattr(bl, "fma_and_ymm_probes", lambda threads, seconds=0.5: (0.46, 0.23))
+    assert vs_torch.probes_now(2, "float32") == (0.46, 80.0, 0.46, 2.0)
+    assert vs_torch.probes_now(2, "bfloat16") == (0.23, 80.0, 0.46, None)
+    monkeypatch.undo()
+    calls = []
+
+    def probe(name, fields, threads, seconds, *extra):
+        calls.append(extra)
+        return (None, None) if extra == ("ymm",) else (0.2,)
+
+    monkeypatch.setattr(bl, "_probe", probe)
+    assert bl.fma_and_ymm_probes(2) == (0.2, None)
+    assert calls == [("ymm",), ()]
