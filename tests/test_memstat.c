@@ -23,11 +23,6 @@ static void test_reads_this_process(void **state) {
     assert_true(m.rss_bytes > 0);
     assert_true(m.peak_rss_bytes >= m.rss_bytes);
     assert_true(memstat_physical_bytes() >= (uint64_t)m.peak_rss_bytes);
-    /* What is still available leaves room for this process's own pages; a test cannot pin it
-     * tighter, since other processes move it. */
-    uint64_t available = memstat_available_bytes();
-    assert_true(available > 0);
-    assert_true(available + (uint64_t)m.rss_bytes <= memstat_physical_bytes());
 }
 
 /* 64 MiB touched page by page: the resident set gains it, the peak keeps it after the pages are

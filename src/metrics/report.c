@@ -48,7 +48,6 @@ struct report {
     run_time_t run_time;
     /* What report_summary printed, for summary.json at report_close. */
     bool summarised, memory_measured;
-    bool memory_read; /* report_read_memory ran: peak_rss_bytes holds the run's peak */
     double median, fastest, slowest;
     int64_t peak_rss_bytes;
     uint64_t physical_bytes;
@@ -340,13 +339,6 @@ void report_set_bus_probes(report_t *r, double before, double after) {
     r->bus_after = after;
 }
 
-void report_read_memory(report_t *r) {
-    memstat_t mem;
-    r->memory_read = true;
-    r->memory_measured = memstat_read(&mem);
-    r->peak_rss_bytes = mem.peak_rss_bytes;
-}
-
 void report_set_run_time(report_t *r, const run_time_t *t) {
     r->run_time_set = true;
     r->run_time = *t;
@@ -428,9 +420,10 @@ void report_summary(report_t *r, FILE *out) {
         else
             fprintf(out, "outside the step times\n");
     }
-    /* Read now, so the peak covers the whole run so far, steps and set-up alike (or read before
-     * the closing bus probe mapped its arrays). */
-    if (!r->memory_read) report_read_memory(r);
+    /* Read now, so the peak covers the whole run so far, steps and set-up alike. */
+    memstat_t mem;
+    r->memory_measured = memstat_read(&mem);
+    r->peak_rss_bytes = mem.peak_rss_bytes;
     if (!r->memory_measured) {
         fprintf(out, "  memory          not measured: /proc/self/status could not be read\n");
     } else {
@@ -461,7 +454,8 @@ void report_summary(report_t *r, FILE *out) {
             fprintf(out, "; memory bus %.1f GB/s after the steps, %.3fx the start-up probe's %.1f", r->bus_after,
                     r->bus_after / r->bus_before, r->bus_before);
         else if (r->bus_before > 0)
-            fprintf(out, "; memory bus not probed again (too little memory free for the probe's 3 x 256 MiB)");
+            fprintf(out, "; memory bus not probed again (it runs in the run's activation and scratch buffers, under its "
+                         "3 x 256 MiB here)");
         fputc('\n', out);
     }
     if (r->run_time_set) {

@@ -47,12 +47,9 @@ int report_step(report_t *r, const step_record_t *rec, char *err, size_t errlen)
  * machine line: whether the machine's pace held through the run. */
 void report_set_machine_probes(report_t *r, double before, double after);
 /* The memory bus's probe (GB/s) before set-up and after the last step, in a profiled run whose
- * op summary reads its % of bandwidth against the first; after 0 = not probed again (too little
- * memory free), said on the machine line. */
+ * op summary reads its % of bandwidth against the first; after 0 = not probed again (the run's
+ * buffers it runs in were too small), said on the machine line. */
 void report_set_bus_probes(report_t *r, double before, double after);
-/* Reads the peak resident memory now, for the summary, before a closing probe maps memory of its
- * own; report_summary reads it itself where this was not called. */
-void report_read_memory(report_t *r);
 /* What other processes and the hypervisor took of the cores while the summarised steps ran, in
  * cores (util/cpustat.h), for the summary's "other load" line. */
 void report_set_other_load(report_t *r, double others_cores, double steal_cores);

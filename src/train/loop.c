@@ -361,13 +361,20 @@ static double resolve_bandwidth(const config_t *cfg, int threads, double *probed
     return bw.best_gbs;
 }
 
-/* The bus again once the steps are done, with the run's buffers still resident: its three arrays
- * are mapped only where the kernel says they fit beside them, with a fourth's room to spare, so
- * the probe cannot push the run into swap. 0 where they do not fit. The caller reads the peak
- * RSS first, since the arrays raise it and nothing can reset it without losing the run's. */
-static double probe_bus_after(int threads) {
-    if (memstat_available_bytes() < 4 * (uint64_t)BUS_PROBE_ARRAY_BYTES) return 0.0;
-    return membw_probe(threads, BUS_PROBE_ARRAY_BYTES, 0.5).best_gbs;
+/* The bus again once the steps are done, over the run's saved activations and scratch, dead by
+ * then and resident since set-up: arrays mapped for it would raise the peak RSS that outside
+ * readers take from getrusage (a benchmark's figure; it had read 0.75 GiB over the run's), and
+ * resetting the peak after would lose the run's own. As many of the three 256 MiB arrays as fit
+ * go in each buffer; 0 where the two hold fewer than three (small plans). */
+static double probe_bus_after(const train_state_t *st, int threads) {
+    const size_t n = BUS_PROBE_ARRAY_BYTES;
+    char *buffers[2] = {(char *)st->acts, (char *)st->scratch};
+    const uint64_t sizes[2] = {st->plan.activations_bytes, st->plan.scratch_bytes};
+    float *arrays[3] = {NULL, NULL, NULL};
+    int found = 0;
+    for (int i = 0; i < 2; i++)
+        for (uint64_t at = 0; buffers[i] && found < 3 && at + n <= sizes[i]; at += n) arrays[found++] = (float *)(buffers[i] + at);
+    return found == 3 ? membw_probe_in(threads, arrays[0], arrays[1], arrays[2], n, 0.5).best_gbs : 0.0;
 }
 
 /* A step's batch: each rank's micro-batches one after another, B · micro_batches rows (a
@@ -684,8 +691,7 @@ int loop_run(const config_t *cfg, const plan_t *plan, comm_t *world) {
         /* And the bus, where the op summary reads its % of bandwidth against a probe: whether a
          * row past 100% met a bus that moved or data that stayed in the caches. */
         if (l.bus_before_gbs > 0) {
-            report_read_memory(report);
-            l.bus_after_gbs = probe_bus_after(plan->num_threads);
+            l.bus_after_gbs = probe_bus_after(&l.state, plan->num_threads);
             report_set_bus_probes(report, l.bus_before_gbs, l.bus_after_gbs);
         }
     }

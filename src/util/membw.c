@@ -35,13 +35,9 @@ static void update(float *a, const float *b, float s, int64_t n, int threads) {
     for (int64_t i = 0; i < n; i++) a[i] += s * b[i];
 }
 
-membw_t membw_probe(int threads, size_t array_bytes, double seconds) {
+membw_t membw_probe_in(int threads, float *a, float *b, float *c, size_t array_bytes, double seconds) {
     membw_t r = {0};
-    char err[256];
     array_bytes &= ~(size_t)(VEC * sizeof(float) - 1);
-    float *a = arena_alloc(array_bytes, "membw a", err, sizeof err);
-    float *b = arena_alloc(array_bytes, "membw b", err, sizeof err);
-    float *c = arena_alloc(array_bytes, "membw c", err, sizeof err);
     if (a && b && c && array_bytes > 0) {
         const int64_t n = (int64_t)(array_bytes / sizeof(float));
         const double bytes = 3.0 * (double)array_bytes;
@@ -58,6 +54,16 @@ membw_t membw_probe(int threads, size_t array_bytes, double seconds) {
         }
         r.best_gbs = r.triad_gbs > r.update_gbs ? r.triad_gbs : r.update_gbs;
     }
+    return r;
+}
+
+membw_t membw_probe(int threads, size_t array_bytes, double seconds) {
+    char err[256];
+    array_bytes &= ~(size_t)(VEC * sizeof(float) - 1);
+    float *a = arena_alloc(array_bytes, "membw a", err, sizeof err);
+    float *b = arena_alloc(array_bytes, "membw b", err, sizeof err);
+    float *c = arena_alloc(array_bytes, "membw c", err, sizeof err);
+    membw_t r = membw_probe_in(threads, a, b, c, array_bytes, seconds);
     arena_free(a, array_bytes);
     arena_free(b, array_bytes);
     arena_free(c, array_bytes);

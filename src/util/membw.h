@@ -22,5 +22,9 @@ typedef struct membw {
 /* At least 3 rounds of each pattern and about `seconds` in all, on `threads` threads, over
  * arrays of array_bytes each (mapped for the probe, touched once untimed, unmapped after). */
 membw_t membw_probe(int threads, size_t array_bytes, double seconds);
+/* The same over three arrays the caller owns (array_bytes each, 64-byte aligned, contents
+ * overwritten): a run's buffers that are resident already and dead, so that the probe maps
+ * nothing and the process's peak RSS does not move. best_gbs 0 where an array is NULL. */
+membw_t membw_probe_in(int threads, float *a, float *b, float *c, size_t array_bytes, double seconds);
 
 #endif

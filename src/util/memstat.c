@@ -44,13 +44,3 @@ uint64_t memstat_physical_bytes(void) {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 }
-
-uint64_t memstat_available_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    int64_t v = -1;
-    while (v < 0 && fgets(line, sizeof line, f)) v = field_bytes(line, "MemAvailable");
-    fclose(f);
-    return v > 0 ? (uint64_t)v : 0;
-}

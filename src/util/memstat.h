@@ -25,9 +25,4 @@ bool memstat_reset_peak(void);
 /* The machine's physical memory in bytes; 0 where the system does not say. */
 uint64_t memstat_physical_bytes(void);
 
-/* What the kernel estimates can still be allocated without swapping (/proc/meminfo
- * MemAvailable), in bytes; 0 where it does not say. For a probe that maps memory of its own
- * while the run's buffers are still resident. */
-uint64_t memstat_available_bytes(void);
-
 #endif
