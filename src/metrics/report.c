@@ -423,17 +423,16 @@ void report_summary(report_t *r, FILE *out) {
     /* Read now, so the peak covers the whole run so far, steps and set-up alike. */
     memstat_t mem;
     r->memory_measured = memstat_read(&mem);
-    r->peak_rss_bytes = mem.peak_rss_bytes;
     if (!r->memory_measured) {
         fprintf(out, "  memory          not measured: /proc/self/status could not be read\n");
     } else {
-        const int64_t peak = r->peak_rss_bytes;
-        fprintf(out, "  memory          peak RSS %.3f GiB%s, %.3fx the plan's %.3f GiB", (double)peak / GIB,
-                r->plan.num_ranks > 1 ? " (rank 0)" : "", (double)peak / (double)r->plan.total_bytes,
+        r->peak_rss_bytes = mem.peak_rss_bytes;
+        fprintf(out, "  memory          peak RSS %.3f GiB%s, %.3fx the plan's %.3f GiB", (double)mem.peak_rss_bytes / GIB,
+                r->plan.num_ranks > 1 ? " (rank 0)" : "", (double)mem.peak_rss_bytes / (double)r->plan.total_bytes,
                 (double)r->plan.total_bytes / GIB);
         r->physical_bytes = memstat_physical_bytes();
         if (r->physical_bytes)
-            fprintf(out, ", %.1f%% of %.1f GiB physical", 100.0 * (double)peak / (double)r->physical_bytes,
+            fprintf(out, ", %.1f%% of %.1f GiB physical", 100.0 * (double)mem.peak_rss_bytes / (double)r->physical_bytes,
                     (double)r->physical_bytes / GIB);
         fputc('\n', out);
     }

@@ -59,7 +59,6 @@ membw_t membw_probe_in(int threads, float *a, float *b, float *c, size_t array_b
 
 membw_t membw_probe(int threads, size_t array_bytes, double seconds) {
     char err[256];
-    array_bytes &= ~(size_t)(VEC * sizeof(float) - 1);
     float *a = arena_alloc(array_bytes, "membw a", err, sizeof err);
     float *b = arena_alloc(array_bytes, "membw b", err, sizeof err);
     float *c = arena_alloc(array_bytes, "membw c", err, sizeof err);
